@@ -1,0 +1,177 @@
+"""Quantization granularity: which elements share one scale, and the shape of that scale.
+
+Operands are in HND layout, shape (B, H, N, D): batch, heads, tokens, head dim. N is already
+padded to a multiple of the kernel tile, so every token block is whole. A scale is kept in its
+compact shape (documented per class) and broadcast with `expand`.
+
+Whether a scale sits *inside* or *outside* the matrix product matters for emulating a kernel:
+a scale that varies along the contraction axis (a microscale) is applied to each element before
+the product, as a block-scaled MMA does; any other scale factors out of the sum and is applied
+to the product afterwards. `Quantized.inner()` and `Quantized.outer` follow that split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vcbench.kernels.formats import E4M3, Format
+
+
+@dataclass(frozen=True)
+class Unscaled:
+    """No scale: the format holds the values as they are (BF16 operands). Scale shape (B, H),
+    all ones."""
+
+    def amax(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ones(x.shape[:-2], dtype=x.dtype, device=x.device)
+
+    def expand(self, s: torch.Tensor) -> torch.Tensor:
+        return s[..., None, None]
+
+
+@dataclass(frozen=True)
+class PerTensor:
+    """One scale per (batch, head) slice. Scale shape (B, H)."""
+
+    def amax(self, x: torch.Tensor) -> torch.Tensor:
+        return x.abs().amax(dim=(-2, -1))
+
+    def expand(self, s: torch.Tensor) -> torch.Tensor:
+        return s[..., None, None]
+
+
+@dataclass(frozen=True)
+class PerBlock:
+    """One scale per block of `rows` consecutive tokens (all channels). Scale shape
+    (B, H, N // rows). The kernels' Q and K tiles: 128 rows by default."""
+
+    rows: int = 128
+
+    def amax(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[-2]
+        if n % self.rows:
+            raise ValueError(f"{n} tokens are not a whole number of {self.rows}-row blocks")
+        return x.abs().unflatten(-2, (n // self.rows, self.rows)).amax(dim=(-2, -1))
+
+    def expand(self, s: torch.Tensor) -> torch.Tensor:
+        return s.repeat_interleave(self.rows, dim=-1)[..., None]
+
+
+@dataclass(frozen=True)
+class PerWarp(PerBlock):
+    """One scale per `rows` tokens handled by one warp of the MMA (SageAttention2's per-warp
+    Q granularity: 16 rows of a 64-row warpgroup tile on sm90). Scale shape (B, H, N // rows)."""
+
+    rows: int = 16
+
+
+@dataclass(frozen=True)
+class PerChannel:
+    """One scale per channel over all tokens of a (batch, head). Scale shape (B, H, D).
+    The V granularity of SageAttention2 and VC-Attention at 8 bits: it factors out of the
+    token sum, so one epilogue multiply applies it."""
+
+    def amax(self, x: torch.Tensor) -> torch.Tensor:
+        return x.abs().amax(dim=-2)
+
+    def expand(self, s: torch.Tensor) -> torch.Tensor:
+        return s[..., None, :]
+
+
+@dataclass(frozen=True)
+class Microscale16:
+    """NVFP4 microscaling: one E4M3 scale per 16 consecutive elements along `axis` (-1: head
+    dim, for Q and K; -2: tokens, for V and P, i.e. along the contraction axis of the product
+    each operand enters). Scale shape (B, H, N, D // 16) or (B, H, N // 16, D). With
+    `global_scale`, a second FP32 scale per (batch, head), shape (B, H), keeps the microscales
+    inside E4M3's range (NVFP4's two-level scheme)."""
+
+    axis: int = -1
+    global_scale: bool = False
+    size: int = 16
+
+    def amax(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[self.axis]
+        if n % self.size:
+            raise ValueError(f"axis of length {n} is not a whole number of {self.size}-groups")
+        grouped = x.abs().unflatten(self.axis, (n // self.size, self.size))
+        return grouped.amax(dim=self.axis)  # the group of 16 sits where `axis` pointed
+
+    def expand(self, s: torch.Tensor) -> torch.Tensor:
+        return s.repeat_interleave(self.size, dim=self.axis)
+
+
+Granularity = Unscaled | PerTensor | PerBlock | PerChannel | Microscale16
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """Codes in value space plus their scales.
+
+    `codes`: same shape as the input, values on the format's grid.
+    `scale`: compact, in the granularity's documented shape.
+    `outer`: FP32 global scale, shape (B, H), for two-level NVFP4; else None.
+    Dequantized value = codes * expand(scale) [* outer].
+    """
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    fmt: Format
+    granularity: Granularity
+    outer: torch.Tensor | None = None
+
+    @property
+    def scale_inside_product(self) -> bool:
+        return isinstance(self.granularity, Microscale16)
+
+    def expanded_scale(self) -> torch.Tensor:
+        return self.granularity.expand(self.scale)
+
+    def inner(self) -> torch.Tensor:
+        """What enters the matrix product: codes times any scale varying along contraction."""
+        return self.codes * self.expanded_scale() if self.scale_inside_product else self.codes
+
+    def dequantize(self) -> torch.Tensor:
+        out = self.codes * self.expanded_scale()
+        return out if self.outer is None else out * self.outer[..., None, None]
+
+
+@dataclass(frozen=True)
+class Quantizer:
+    """A format plus a granularity: `Quantizer(E4M3, PerChannel())(v)` -> Quantized.
+
+    Scale = amax / format max, so the largest element of each group lands on the largest code
+    (for microscales the scale itself is rounded to E4M3). A group whose scale is zero has
+    all-zero codes. Division is true division (`div.rn`), as the kernels must do it too.
+    """
+
+    fmt: Format
+    granularity: Granularity
+
+    def __call__(self, x: torch.Tensor, scale: torch.Tensor | None = None,
+                 outer: torch.Tensor | None = None) -> Quantized:
+        """Quantize x. A given `scale` (compact shape) or `outer` (global, NVFP4) is used
+        as is instead of being derived from x: V-Smooth fixes the V scale before it forms the
+        residual, so the stored means can be pre-divided by it."""
+        if isinstance(self.granularity, Unscaled):
+            ones = self.granularity.amax(x)
+            return Quantized(self.fmt.round(x), ones, self.fmt, self.granularity)
+        if isinstance(self.granularity, Microscale16):
+            amax = self.granularity.amax(x)
+            if self.granularity.global_scale and outer is None:
+                outer = x.abs().amax(dim=(-2, -1)) / (E4M3.max * self.fmt.max)
+                outer = torch.where(outer > 0, outer, torch.ones_like(outer))
+            if outer is not None:
+                amax = amax / outer[..., None, None]
+            if scale is None:
+                scale = E4M3.round(amax / self.fmt.max)
+        elif scale is None:
+            scale = self.granularity.amax(x) / self.fmt.max
+        full = self.granularity.expand(scale)
+        if outer is not None:
+            full = full * outer[..., None, None]
+        codes = self.fmt.round(torch.where(full > 0, x / torch.where(full > 0, full, 1.0), 0.0))
+        return Quantized(codes=codes, scale=scale, fmt=self.fmt, granularity=self.granularity,
+                         outer=outer)

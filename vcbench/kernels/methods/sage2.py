@@ -1,0 +1,46 @@
+"""sage2-8bit: SageAttention2's released INT8 QK / FP8 PV configuration.
+
+K smoothed by its token mean; Q and K INT8 with per-block scales (Q per warp, 16 rows, as the
+sm90 kernel does; `q_granularity="block"` for one scale per query tile); V E4M3 with one scale
+per channel (applied in the epilogue); P~ from exp2, scaled by 448, cast to E4M3; FP32
+accumulation, or `accum="fp22"` for SageAttention2's two-level scheme (each tile's product
+held at FP22 precision, then added into FP32).
+
+`qk_path` and `v_per_channel` are shared with VC-Attention's 8-bit methods, which keep this
+exact QK path.
+"""
+
+from vcbench.kernels.formats import E4M3, INT8
+from vcbench.kernels.granularity import PerBlock, PerChannel, PerWarp, Quantizer
+from vcbench.kernels.method import Method, Option, Plan
+from vcbench.kernels.probability import ExpThenCast
+
+P_SCALE = 448.0
+V_PER_CHANNEL = Quantizer(E4M3, PerChannel())
+
+OPTIONS = {
+    "q_granularity": Option("warp", "INT8 Q scale per warp (16 rows) or per query tile",
+                            choices=("warp", "block")),
+    "accum": Option("fp32", "PV accumulation: fp32, or fp22 two-level as on Hopper",
+                    choices=("fp32", "fp22")),
+}
+
+
+def qk_path(opts) -> dict:
+    q_gran = PerWarp(16) if opts["q_granularity"] == "warp" else PerBlock(opts["block_m"])
+    return dict(q=Quantizer(INT8, q_gran), k=Quantizer(INT8, PerBlock(opts["block_n"])),
+                smooth_k=True, accum=opts["accum"], block_m=opts["block_m"],
+                block_n=opts["block_n"])
+
+
+def build(opts) -> Plan:
+    return Plan(**qk_path(opts), v=V_PER_CHANNEL, p=ExpThenCast(E4M3, P_SCALE))
+
+
+METHOD = Method(
+    name="sage2-8bit",
+    summary="SageAttention2: INT8 QK with smoothed K, FP8 PV with per-channel V scale",
+    qk_bits=8, pv_bits=8, smoothing="K mean",
+    build=build,
+    options=OPTIONS,
+)

@@ -1,0 +1,245 @@
+"""The tiled online-softmax engine every emulation runs through (paper Equation 1 and 6).
+
+`prepare` does what the fused preprocessing kernels do (scale folding, K/Q smoothing, the
+V-Smooth gather and block demeaning, Hadamard rotations, padding, quantization) and returns
+the quantized operands. `run` then walks the key/value tiles exactly as a FlashAttention
+kernel does: all query rows at once (rows are independent), one KV tile at a time, P quantized
+per tile against the *running* row max, the block mean restored from the row sum in the same
+accumulator, one epilogue multiply and divide at the end.
+
+Arithmetic is FP32 (FP64 when the inputs are FP64, so identities can be checked exactly).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vcbench.errors import UserError
+from vcbench.kernels.formats import round_fp16, round_fp22
+from vcbench.kernels.granularity import (Microscale16, PerBlock, PerChannel, PerTensor,
+                                         Quantized, Unscaled)
+from vcbench.kernels.method import SUPPORTED_HEAD_DIMS, Plan
+from vcbench.kernels.rotation import hadamard, rotate
+from vcbench.kernels.vsmooth import block_means, group, permute_tokens
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+@dataclass
+class Operands:
+    """Quantized operands as the attention kernel reads them (HND, N padded to the tiles).
+
+    v_mean: block means of the permuted V (B, H, Nk/block_n, D), already divided by the V
+        epilogue scale (8 bits) or unscaled (4 bits), rounded to FP16: what the V kernel writes.
+    score_bias: SageAttention's Q-smoothing term mean_q . K^T (B, H, Nq/block_m, Nk), log2 units.
+    v_exact: the unquantized V the kernel's V operand stands for (permuted, rotated), kept only
+        to split the output error into its probability and value terms (Equation 2).
+    """
+
+    q: Quantized
+    k: Quantized
+    v: Quantized
+    n_tokens: int
+    sm_scale_log2: float
+    v_mean: torch.Tensor | None = None
+    score_bias: torch.Tensor | None = None
+    v_exact: torch.Tensor | None = None
+    permutation: torch.Tensor | None = None
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise UserError(f"q, k, v must be 4-D (B, H, N, D); got {tuple(q.shape)}, "
+                        f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.shape == k.shape == v.shape):
+        raise UserError(f"self-attention needs q, k, v of one shape; got {tuple(q.shape)}, "
+                        f"{tuple(k.shape)}, {tuple(v.shape)}")
+    d = q.shape[-1]
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise UserError(f"head dim {d} is not supported (supported: "
+                        f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))})")
+    if q.shape[-2] < 1:
+        raise UserError("empty sequence")
+    if not (q.is_floating_point() and k.is_floating_point() and v.is_floating_point()):
+        raise UserError("q, k, v must be floating point")
+
+
+def _pad_tokens(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    pad = -x.shape[-2] % multiple
+    return torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+
+
+def _zero_padding(x: torch.Tensor, n_valid: int) -> torch.Tensor:
+    if x.shape[-2] > n_valid:
+        x = x.clone()
+        x[..., n_valid:, :] = 0
+    return x
+
+
+def _v_epilogue_scale(v: Quantized) -> torch.Tensor | None:
+    """The V scale that factors out of the whole token sum (applied once in the epilogue)."""
+    g = v.granularity
+    if isinstance(g, PerChannel):
+        return v.scale[..., None, :]
+    if isinstance(g, PerTensor):
+        return v.scale[..., None, None]
+    if isinstance(g, Microscale16):
+        return None if v.outer is None else v.outer[..., None, None]
+    return None  # Unscaled, or PerBlock (applied per tile)
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
+            permutation: torch.Tensor | None = None, grid: Any = None,
+            centroids: torch.Tensor | None = None, sm_scale: float | None = None,
+            keep_exact_v: bool = False) -> Operands:
+    """HND inputs -> quantized operands, as the fused preprocessing kernels produce them."""
+    check_inputs(q, k, v)
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    n, d = q.shape[-2], q.shape[-1]
+    scale_log2 = (1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)) * LOG2E
+    if plan.fold_scale_into_q:
+        q = q * scale_log2
+
+    if plan.vsmooth is not None:
+        if permutation is None:
+            permutation = group(v, plan.vsmooth, grid=grid, init=centroids).permutation
+        elif permutation.shape != v.shape[:-1]:
+            raise UserError(f"permutation must have shape {tuple(v.shape[:-1])}, got "
+                            f"{tuple(permutation.shape)}")
+        permutation = permutation.to(device=v.device, dtype=torch.long)
+        k, v = permute_tokens(k, permutation), permute_tokens(v, permutation)
+    elif permutation is not None:
+        raise UserError("a permutation was given to a method without V-Smooth")
+
+    if plan.smooth_k:  # K's token mean: softmax is invariant to it, the quantizer is not
+        k = k - k.mean(dim=-2, keepdim=True)
+    if plan.hadamard_qk:
+        q, k = rotate(q), rotate(k)
+    if plan.vsmooth is not None and plan.vsmooth.hadamard_v:
+        v = rotate(v)
+
+    q = _pad_tokens(q, plan.block_m)
+    k = _pad_tokens(k, plan.block_n)
+    v = _pad_tokens(v, plan.block_n)
+
+    score_bias = None
+    if plan.smooth_q:
+        q_mean = block_means(q, plan.block_m, n)
+        q = _zero_padding(q - q_mean.repeat_interleave(plan.block_m, dim=-2), n)
+        score_bias = q_mean @ k.transpose(-1, -2)
+
+    v_mean = None
+    if plan.vsmooth is not None:
+        rows = plan.vsmooth.block_rows
+        if rows != plan.block_n:
+            raise UserError(f"V-Smooth blocks ({rows} rows) must be the KV tile ({plan.block_n})")
+        mean = block_means(v, rows, n)
+        first = plan.v(_zero_padding(v - mean.repeat_interleave(rows, dim=-2), n))
+        epi = _v_epilogue_scale(first)
+        # Stored 16-bit and pre-divided by the epilogue scale, so one epilogue multiply
+        # serves the residual product and the restored mean (appendix B).
+        v_mean = round_fp16(mean if epi is None else mean / epi)
+        restored = v_mean if epi is None else v_mean * epi
+        residual = _zero_padding(v - restored.repeat_interleave(rows, dim=-2), n)
+        vq = plan.v(residual, scale=first.scale if isinstance(first.granularity, PerChannel)
+                    else None, outer=first.outer)
+    else:
+        vq = plan.v(v)
+
+    return Operands(q=plan.q(q), k=plan.k(k), v=vq, n_tokens=n,
+                    sm_scale_log2=1.0 if plan.fold_scale_into_q else scale_log2,
+                    v_mean=v_mean, score_bias=score_bias,
+                    v_exact=v if keep_exact_v else None, permutation=permutation)
+
+
+def _row_scale(x: Quantized) -> torch.Tensor | float:
+    """The part of a Q/K scale that factors out of the QK product, per token: (B, H, N, 1)."""
+    g = x.granularity
+    if isinstance(g, Microscale16):
+        return 1.0 if x.outer is None else x.outer[..., None, None]
+    if isinstance(g, Unscaled):
+        return 1.0
+    return g.expand(x.scale)  # PerTensor / PerBlock / PerWarp: broadcast over tokens
+
+
+def run(ops: Operands, plan: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The online softmax over KV tiles. Returns (O, O_mixed), (B, H, Nq_padded, D).
+
+    O_mixed = P_q V_exact / l (the quantized probabilities against the exact values) is
+    computed only when `ops.v_exact` is set: O - O_mixed is the value term of Equation 2.
+    """
+    bn = plan.block_n
+    qi, ki, vi = ops.q.inner(), ops.k.inner(), ops.v.inner()
+    q_row = _row_scale(ops.q)
+    k_col = _row_scale(ops.k)
+    k_col = k_col.transpose(-1, -2) if isinstance(k_col, torch.Tensor) else k_col
+    v_tile = ops.v.scale if isinstance(ops.v.granularity, PerBlock) else None
+    if v_tile is not None and ops.v.granularity.rows != bn:
+        raise UserError(f"per-block V scales must cover one KV tile ({bn} rows)")
+    v_epi = _v_epilogue_scale(ops.v)
+    bias_rows = (ops.score_bias.repeat_interleave(plan.block_m, dim=-2)
+                 if ops.score_bias is not None else None)
+
+    shape = (*qi.shape[:-1], 1)
+    m = torch.full(shape, -math.inf, dtype=qi.dtype, device=qi.device)
+    l = torch.zeros(shape, dtype=qi.dtype, device=qi.device)
+    acc = torch.zeros(qi.shape[:-1] + (vi.shape[-1],), dtype=qi.dtype, device=qi.device)
+    acc_mixed = torch.zeros_like(acc) if ops.v_exact is not None else None
+
+    for j in range(ki.shape[-2] // bn):
+        cols = slice(j * bn, (j + 1) * bn)
+        s = qi @ ki[..., cols, :].transpose(-1, -2)
+        s = s * q_row
+        per_key = isinstance(k_col, torch.Tensor) and k_col.shape[-1] > 1
+        s = s * (k_col[..., cols] if per_key else k_col)
+        if ops.sm_scale_log2 != 1.0:
+            s = s * ops.sm_scale_log2
+        if bias_rows is not None:
+            s = s + bias_rows[..., cols]
+        n_real = ops.n_tokens - j * bn
+        if n_real < bn:  # padded keys take no probability
+            s[..., n_real:] = -math.inf
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        alpha = torch.exp2(m - m_new)
+        p_inner, p_row, r = plan.p.encode(s - m_new)
+
+        pv = p_inner @ vi[..., cols, :]
+        if plan.accum == "fp22":
+            pv = round_fp22(pv)
+        if p_row is not None:
+            pv = pv * p_row
+        if v_tile is not None:
+            pv = pv * v_tile[..., j, None, None]
+        acc = acc * alpha + pv
+        if ops.v_mean is not None:  # Equation 6: the rank-one mean term, same accumulator
+            acc = acc + r * ops.v_mean[..., j, None, :]
+        if acc_mixed is not None:
+            p_deq = p_inner if p_row is None else p_inner * p_row
+            acc_mixed = acc_mixed * alpha + p_deq @ ops.v_exact[..., cols, :]
+        l = l * alpha + r
+        m = m_new
+
+    out = acc if v_epi is None else acc * v_epi
+    out = out / l
+    mixed = acc_mixed / l if acc_mixed is not None else None
+    return out, mixed
+
+
+def finish(out: torch.Tensor, n: int, plan: Plan) -> torch.Tensor:
+    """Drop padded query rows and undo the V rotation of the Hadamard-V ablation."""
+    out = out[..., :n, :]
+    if plan.vsmooth is not None and plan.vsmooth.hadamard_v:
+        out = out @ hadamard(out.shape[-1], out.dtype, out.device).T
+    return out
+
+
+def emulate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, **call) -> torch.Tensor:
+    """HND in, HND out, in the input dtype."""
+    ops = prepare(q, k, v, plan, **call)
+    out, _ = run(ops, plan)
+    return finish(out, q.shape[-2], plan).to(q.dtype)

@@ -1,0 +1,240 @@
+"""V-Smooth (paper 3.2, appendices A and B): group value tokens, subtract block means.
+
+1. Grouping: a token order pi per (batch, head). `kmeans` (the default) sorts tokens by the
+   label of an online k-means over the value vectors; `sequence` keeps the original order;
+   `cube` is the static spatiotemporal cube of DeltaQuant (needs the latent grid T, H, W);
+   `balanced` makes every cluster exactly one block (the costlier ablation of Table 1).
+2. The permutation is applied to K and V together (Q keeps its order), which leaves the
+   output of non-causal attention unchanged: P' V' = P V.
+3. Block demeaning: the permuted V is cut into the kernel's fixed blocks of `block_rows`
+   rows; each block's mean is subtracted and only the residual is quantized. The mean comes
+   back inside the online softmax from the row sum (Equation 6, see `online.py`).
+
+The grouping schedule (appendix A) says, per denoising step, whether to regroup, reuse the
+cached permutation, or run the plain kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+ORDERS = ("kmeans", "sequence", "cube", "balanced")
+Order = Literal["kmeans", "sequence", "cube", "balanced"]
+
+
+@dataclass(frozen=True)
+class VSmoothConfig:
+    """How V-Smooth groups and demeans. `block_rows` is the kernel's KV tile: one mean per
+    tile, restored once per tile."""
+
+    order: Order = "kmeans"
+    clusters: int = 32
+    iters: int = 10
+    cube: tuple[int, int, int] = (2, 8, 8)
+    hadamard_v: bool = False
+    block_rows: int = 128
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """A token order per (batch, head) and, for k-means, the centroids for a warm start.
+    `permutation`: int64 (B, H, N), new position i holds old token permutation[..., i]."""
+
+    permutation: torch.Tensor
+    centroids: torch.Tensor | None = None
+
+
+def _initial_centroids(x: torch.Tensor, k: int) -> torch.Tensor:
+    # Evenly spaced tokens: deterministic, and on video they cover the clip's extent.
+    n = x.shape[-2]
+    idx = torch.linspace(0, n - 1, k, device=x.device).round().long()
+    return x[..., idx, :].clone()
+
+
+def kmeans(x: torch.Tensor, k: int, iters: int, init: torch.Tensor | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batched Lloyd iterations over the last two axes: x (..., N, D) -> labels (..., N),
+    centroids (..., k, D). An empty cluster keeps its previous centroid."""
+    x = x.float()
+    k = min(k, x.shape[-2])
+    c = _initial_centroids(x, k) if init is None else init.float().clone()
+    for it in range(iters + 1):
+        # ||x||^2 is the same for every centroid, so it does not change the argmin.
+        dist = (c * c).sum(-1)[..., None, :] - 2.0 * (x @ c.transpose(-1, -2))
+        labels = dist.argmin(-1)
+        if it == iters:  # the last pass only labels
+            break
+        sums = torch.zeros_like(c).scatter_add_(-2, labels[..., None].expand_as(x), x)
+        counts = torch.zeros(c.shape[:-1], dtype=x.dtype, device=x.device)
+        counts.scatter_add_(-1, labels, torch.ones_like(labels, dtype=x.dtype))
+        c = torch.where(counts[..., None] > 0, sums / counts.clamp(min=1)[..., None], c)
+    return labels, c
+
+
+def balanced_labels(x: torch.Tensor, block_rows: int, iters: int) -> torch.Tensor:
+    """Clusters of exactly `block_rows` tokens (the last takes the remainder).
+
+    k-means with one centroid per block, then a capacity-constrained assignment: each round,
+    every unassigned token proposes to its nearest cluster that still has room, and each
+    cluster accepts its closest proposers up to its remaining capacity.
+    """
+    *batch, n, _ = x.shape
+    k = math.ceil(n / block_rows)
+    _, centroids = kmeans(x, k, iters)
+    flat_x = x.float().reshape(-1, n, x.shape[-1])
+    flat_c = centroids.reshape(-1, k, x.shape[-1])
+    out = torch.empty(flat_x.shape[0], n, dtype=torch.long, device=x.device)
+    for b in range(flat_x.shape[0]):
+        dist = torch.cdist(flat_x[b], flat_c[b])
+        capacity = torch.full((k,), block_rows, dtype=torch.long, device=x.device)
+        capacity[-1] = n - block_rows * (k - 1)
+        label = torch.full((n,), -1, dtype=torch.long, device=x.device)
+        while (label < 0).any():
+            open_dist = dist.masked_fill(capacity[None, :] <= 0, float("inf"))
+            todo = (label < 0).nonzero().squeeze(1)
+            choice = open_dist[todo].argmin(1)
+            d = open_dist[todo, choice]
+            # Rank each proposer within its chosen cluster by distance.
+            order = torch.argsort(d, stable=True)
+            order = order[torch.argsort(choice[order], stable=True)]
+            sorted_choice = choice[order]
+            first = torch.searchsorted(sorted_choice, sorted_choice, right=False)
+            rank = torch.arange(len(order), device=x.device) - first
+            accept = rank < capacity[sorted_choice]
+            label[todo[order[accept]]] = sorted_choice[accept]
+            capacity -= torch.bincount(sorted_choice[accept], minlength=k)
+        out[b] = label
+    return out.reshape(*batch, n)
+
+
+def cube_keys(grid: tuple[int, int, int], cube: tuple[int, int, int], n: int,
+              device: torch.device | str = "cpu") -> torch.Tensor:
+    """Sort keys that lay tokens out cube by cube (DeltaQuant's static order).
+
+    Tokens are assumed in (t, h, w) raster order; tokens past T*H*W (e.g. text packed after
+    the video) keep their order at the end.
+    """
+    t, h, w = grid
+    if t * h * w > n:
+        raise ValueError(f"grid {grid} has {t * h * w} tokens but the sequence has {n}")
+    ct, ch, cw = cube
+    ti, hi, wi = torch.meshgrid(torch.arange(t, device=device), torch.arange(h, device=device),
+                                torch.arange(w, device=device), indexing="ij")
+    nh, nw = math.ceil(h / ch), math.ceil(w / cw)
+    cube_index = ((ti // ct) * nh + hi // ch) * nw + wi // cw
+    within = ((ti % ct) * ch + hi % ch) * cw + wi % cw
+    keys = (cube_index * (ct * ch * cw) + within).flatten()
+    tail = torch.arange(n - t * h * w, device=device) + keys.max() + 1 if n > t * h * w else keys[:0]
+    return torch.cat([keys, tail])
+
+
+def group(v: torch.Tensor, config: VSmoothConfig, grid: tuple[int, int, int] | None = None,
+          init: torch.Tensor | None = None) -> Grouping:
+    """Compute the token order of V-Smooth for v (B, H, N, D)."""
+    *batch, n, _ = v.shape
+    if config.order == "sequence":
+        perm = torch.arange(n, device=v.device).expand(*batch, n).clone()
+        return Grouping(perm)
+    if config.order == "cube":
+        if grid is None:
+            raise ValueError("vsmooth_order='cube' needs the latent grid (option grid=(T, H, W))")
+        keys = cube_keys(tuple(grid), config.cube, n, v.device)
+        return Grouping(torch.argsort(keys, stable=True).expand(*batch, n).clone())
+    if config.order == "balanced":
+        labels = balanced_labels(v, config.block_rows, config.iters)
+        return Grouping(torch.argsort(labels, dim=-1, stable=True))
+    if config.order == "kmeans":
+        labels, centroids = kmeans(v, config.clusters, config.iters, init)
+        return Grouping(torch.argsort(labels, dim=-1, stable=True), centroids)
+    raise ValueError(f"unknown vsmooth_order {config.order!r}; choose from {', '.join(ORDERS)}")
+
+
+def permute_tokens(x: torch.Tensor, permutation: torch.Tensor) -> torch.Tensor:
+    """x[..., permutation, :] per (batch, head)."""
+    return torch.gather(x, -2, permutation[..., None].expand_as(x))
+
+
+def block_means(v: torch.Tensor, block_rows: int, n_valid: int) -> torch.Tensor:
+    """Mean of each block of `block_rows` rows over its real tokens (rows >= n_valid are
+    padding and excluded). v (B, H, Np, D) with Np a multiple of block_rows -> (B, H, Np/rows, D)."""
+    np_ = v.shape[-2]
+    valid = (torch.arange(np_, device=v.device) < n_valid).to(v.dtype)
+    counts = valid.unflatten(0, (np_ // block_rows, block_rows)).sum(-1)
+    sums = (v * valid[:, None]).unflatten(-2, (np_ // block_rows, block_rows)).sum(-2)
+    return sums / counts.clamp(min=1)[:, None]
+
+
+def block_energy_share(v: torch.Tensor, block_rows: int, n_valid: int) -> torch.Tensor:
+    """Share of each block's energy ||V_j||_F^2 that its mean removes: rows * ||mu_j||^2 over
+    ||V_j||_F^2 (Equation 5). Shape (B, H, blocks); blocks with no energy give 0."""
+    mu = block_means(v, block_rows, n_valid)
+    np_ = v.shape[-2]
+    valid = (torch.arange(np_, device=v.device) < n_valid).to(v.dtype)
+    counts = valid.unflatten(0, (np_ // block_rows, block_rows)).sum(-1)
+    energy = ((v * valid[:, None]) ** 2).unflatten(-2, (np_ // block_rows, block_rows)).sum((-2, -1))
+    removed = counts * (mu**2).sum(-1)
+    return torch.where(energy > 0, removed / energy.clamp(min=torch.finfo(v.dtype).tiny), 0.0)
+
+
+Action = Literal["regroup", "reuse", "plain"]
+
+
+@dataclass(frozen=True)
+class GroupingSchedule:
+    """Which denoising steps group (appendix A).
+
+    `leading` (the paper's operating point): the first ceil(n * fraction) steps group, and the
+    permutation is recomputed on every `refresh_every`-th of them (steps 0, 4, 8 of a 40-step
+    run) and reused in between. `uniform`: the same number of grouping steps spread evenly over
+    the run (Table 3's ablation). `every`: all steps group. Outside the grouping steps the step
+    runs the host method's plain kernel (`after_window="plain"`, the paper's reading), or keeps
+    demeaning on the last permutation (`after_window="reuse"`).
+    """
+
+    num_steps: int
+    placement: Literal["leading", "uniform", "every"] = "leading"
+    fraction: float = 0.25
+    refresh_every: int = 4
+    after_window: Literal["plain", "reuse"] = "plain"
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
+        if self.refresh_every < 1:
+            raise ValueError(f"refresh_every must be >= 1, got {self.refresh_every}")
+        if self.placement not in ("leading", "uniform", "every"):
+            raise ValueError(f"unknown placement {self.placement!r}")
+        if self.after_window not in ("plain", "reuse"):
+            raise ValueError(f"unknown after_window {self.after_window!r}")
+
+    @property
+    def window(self) -> int:
+        """How many steps group: ceil(n * fraction), or n for `every`."""
+        if self.placement == "every":
+            return self.num_steps
+        return math.ceil(self.num_steps * self.fraction - 1e-9)
+
+    def grouping_steps(self) -> tuple[int, ...]:
+        n, w = self.num_steps, self.window
+        if self.placement == "uniform":
+            return tuple(sorted({(i * n) // w for i in range(w)}))
+        return tuple(range(w))
+
+    def regroup_steps(self) -> tuple[int, ...]:
+        return tuple(s for i, s in enumerate(self.grouping_steps()) if i % self.refresh_every == 0)
+
+    def action(self, step: int) -> Action:
+        if not 0 <= step < self.num_steps:
+            raise ValueError(f"step {step} outside a {self.num_steps}-step schedule")
+        steps = self.grouping_steps()
+        if step in steps:
+            return "regroup" if steps.index(step) % self.refresh_every == 0 else "reuse"
+        if self.after_window == "reuse" and step > steps[0]:
+            return "reuse"
+        return "plain"
