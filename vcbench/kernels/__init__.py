@@ -49,11 +49,13 @@ def available_backends(method: Method) -> list[str]:
 
 
 def method_table() -> list[dict[str, Any]]:
-    return [
-        {"method": m.name, "QK bits": m.qk_bits, "PV bits": m.pv_bits, "smoothing": m.smoothing,
-         "backends": ", ".join(available_backends(m)), "summary": m.summary}
-        for m in METHODS.values()
-    ]
+    rows = []
+    for m in METHODS.values():
+        plan = m.plan()
+        rows.append({"method": m.name, "QK bits": m.qk_bits, "PV bits": m.pv_bits,
+                     "smoothing": m.smoothing, "P": plan.p.describe(),
+                     "backends": ", ".join(available_backends(m))})
+    return rows
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,

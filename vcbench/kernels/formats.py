@@ -39,7 +39,7 @@ def round_e2m1(x: torch.Tensor) -> torch.Tensor:
     """Nearest E2M1 value (ties to even code), saturating at +-6."""
     mag = x.abs()
     code = torch.zeros_like(mag, dtype=torch.int64)
-    for mid, up in zip(_E2M1_MIDPOINTS, _E2M1_TIE_GOES_UP):
+    for mid, up in zip(_E2M1_MIDPOINTS, _E2M1_TIE_GOES_UP, strict=True):
         code += (mag > mid) | ((mag == mid) & up)
     grid = torch.tensor(E2M1_GRID, dtype=x.dtype, device=x.device)
     return torch.copysign(grid[code], x)

@@ -129,6 +129,19 @@ class Quantized:
     def expanded_scale(self) -> torch.Tensor:
         return self.granularity.expand(self.scale)
 
+    def epilogue_scale(self) -> torch.Tensor | None:
+        """The scale that factors out of the whole token sum when this is the V operand, shaped
+        to broadcast over the output (B, H, N, D); None when there is none (Unscaled, or
+        PerBlock, whose scale changes per KV tile and is applied per tile)."""
+        g = self.granularity
+        if isinstance(g, PerChannel):
+            return self.scale[..., None, :]
+        if isinstance(g, PerTensor):
+            return self.scale[..., None, None]
+        if isinstance(g, Microscale16) and self.outer is not None:
+            return self.outer[..., None, None]
+        return None
+
     def inner(self) -> torch.Tensor:
         """What enters the matrix product: codes times any scale varying along contraction."""
         return self.codes * self.expanded_scale() if self.scale_inside_product else self.codes

@@ -19,12 +19,17 @@ from typing import Any
 import torch
 
 from vcbench.errors import UserError
-from vcbench.kernels.formats import round_fp16, round_fp22
-from vcbench.kernels.granularity import (Microscale16, PerBlock, PerChannel, PerTensor,
-                                         Quantized, Unscaled)
+from vcbench.kernels.formats import round_fp22
+from vcbench.kernels.granularity import Microscale16, PerBlock, Quantized, Unscaled
 from vcbench.kernels.method import SUPPORTED_HEAD_DIMS, Plan
 from vcbench.kernels.rotation import hadamard, rotate
-from vcbench.kernels.vsmooth import block_means, group, permute_tokens
+from vcbench.kernels.vsmooth import (
+    block_means,
+    demean_and_quantize,
+    group,
+    permute_tokens,
+    zero_rows,
+)
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -73,25 +78,6 @@ def _pad_tokens(x: torch.Tensor, multiple: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
 
 
-def _zero_padding(x: torch.Tensor, n_valid: int) -> torch.Tensor:
-    if x.shape[-2] > n_valid:
-        x = x.clone()
-        x[..., n_valid:, :] = 0
-    return x
-
-
-def _v_epilogue_scale(v: Quantized) -> torch.Tensor | None:
-    """The V scale that factors out of the whole token sum (applied once in the epilogue)."""
-    g = v.granularity
-    if isinstance(g, PerChannel):
-        return v.scale[..., None, :]
-    if isinstance(g, PerTensor):
-        return v.scale[..., None, None]
-    if isinstance(g, Microscale16):
-        return None if v.outer is None else v.outer[..., None, None]
-    return None  # Unscaled, or PerBlock (applied per tile)
-
-
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
             permutation: torch.Tensor | None = None, grid: Any = None,
             centroids: torch.Tensor | None = None, sm_scale: float | None = None,
@@ -130,24 +116,15 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
     score_bias = None
     if plan.smooth_q:
         q_mean = block_means(q, plan.block_m, n)
-        q = _zero_padding(q - q_mean.repeat_interleave(plan.block_m, dim=-2), n)
+        q = zero_rows(q - q_mean.repeat_interleave(plan.block_m, dim=-2), n)
         score_bias = q_mean @ k.transpose(-1, -2)
 
     v_mean = None
     if plan.vsmooth is not None:
-        rows = plan.vsmooth.block_rows
-        if rows != plan.block_n:
-            raise UserError(f"V-Smooth blocks ({rows} rows) must be the KV tile ({plan.block_n})")
-        mean = block_means(v, rows, n)
-        first = plan.v(_zero_padding(v - mean.repeat_interleave(rows, dim=-2), n))
-        epi = _v_epilogue_scale(first)
-        # Stored 16-bit and pre-divided by the epilogue scale, so one epilogue multiply
-        # serves the residual product and the restored mean (appendix B).
-        v_mean = round_fp16(mean if epi is None else mean / epi)
-        restored = v_mean if epi is None else v_mean * epi
-        residual = _zero_padding(v - restored.repeat_interleave(rows, dim=-2), n)
-        vq = plan.v(residual, scale=first.scale if isinstance(first.granularity, PerChannel)
-                    else None, outer=first.outer)
+        if plan.vsmooth.block_rows != plan.block_n:
+            raise UserError(f"V-Smooth blocks ({plan.vsmooth.block_rows} rows) must be the KV "
+                            f"tile ({plan.block_n})")
+        vq, v_mean = demean_and_quantize(v, plan.v, plan.vsmooth.block_rows, n)
     else:
         vq = plan.v(v)
 
@@ -181,13 +158,13 @@ def run(ops: Operands, plan: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
     v_tile = ops.v.scale if isinstance(ops.v.granularity, PerBlock) else None
     if v_tile is not None and ops.v.granularity.rows != bn:
         raise UserError(f"per-block V scales must cover one KV tile ({bn} rows)")
-    v_epi = _v_epilogue_scale(ops.v)
+    v_epi = ops.v.epilogue_scale()
     bias_rows = (ops.score_bias.repeat_interleave(plan.block_m, dim=-2)
                  if ops.score_bias is not None else None)
 
     shape = (*qi.shape[:-1], 1)
     m = torch.full(shape, -math.inf, dtype=qi.dtype, device=qi.device)
-    l = torch.zeros(shape, dtype=qi.dtype, device=qi.device)
+    normalizer = torch.zeros(shape, dtype=qi.dtype, device=qi.device)
     acc = torch.zeros(qi.shape[:-1] + (vi.shape[-1],), dtype=qi.dtype, device=qi.device)
     acc_mixed = torch.zeros_like(acc) if ops.v_exact is not None else None
 
@@ -221,12 +198,12 @@ def run(ops: Operands, plan: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
         if acc_mixed is not None:
             p_deq = p_inner if p_row is None else p_inner * p_row
             acc_mixed = acc_mixed * alpha + p_deq @ ops.v_exact[..., cols, :]
-        l = l * alpha + r
+        normalizer = normalizer * alpha + r
         m = m_new
 
     out = acc if v_epi is None else acc * v_epi
-    out = out / l
-    mixed = acc_mixed / l if acc_mixed is not None else None
+    out = out / normalizer
+    mixed = acc_mixed / normalizer if acc_mixed is not None else None
     return out, mixed
 
 

@@ -22,6 +22,9 @@ from typing import Literal
 
 import torch
 
+from vcbench.kernels.formats import round_fp16
+from vcbench.kernels.granularity import PerChannel, Quantized, Quantizer
+
 ORDERS = ("kmeans", "sequence", "cube", "balanced")
 Order = Literal["kmeans", "sequence", "cube", "balanced"]
 
@@ -166,6 +169,35 @@ def block_means(v: torch.Tensor, block_rows: int, n_valid: int) -> torch.Tensor:
     counts = valid.unflatten(0, (np_ // block_rows, block_rows)).sum(-1)
     sums = (v * valid[:, None]).unflatten(-2, (np_ // block_rows, block_rows)).sum(-2)
     return sums / counts.clamp(min=1)[:, None]
+
+
+def demean_and_quantize(v: torch.Tensor, quantizer: Quantizer, block_rows: int, n_valid: int
+                        ) -> tuple[Quantized, torch.Tensor]:
+    """Block demeaning (Equation 4) and the residual's quantization, as the V kernel does it.
+
+    v: permuted V (B, H, Np, D), rows >= n_valid are padding. The V scale is fixed first, from
+    the residual against the exact mean; the mean is then stored in FP16 divided by the scale
+    that multiplies the accumulator in the epilogue (per-channel at 8 bits; none at 4 bits,
+    where microscales act inside the MMA and the mean is stored unscaled), and the residual is
+    taken against exactly what will be restored, so R + mean reconstructs V' in high precision.
+    Returns (quantized residual, stored means (B, H, Np / block_rows, D)).
+    """
+    mean = block_means(v, block_rows, n_valid)
+    first = quantizer(zero_rows(v - mean.repeat_interleave(block_rows, dim=-2), n_valid))
+    epi = first.epilogue_scale()
+    stored = round_fp16(mean if epi is None else mean / epi)
+    restored = stored if epi is None else stored * epi
+    residual = zero_rows(v - restored.repeat_interleave(block_rows, dim=-2), n_valid)
+    keep_scale = first.scale if isinstance(first.granularity, PerChannel) else None
+    return quantizer(residual, scale=keep_scale, outer=first.outer), stored
+
+
+def zero_rows(x: torch.Tensor, n_valid: int) -> torch.Tensor:
+    """x with the padding rows (>= n_valid) set to zero, so they move no scale or mean."""
+    if x.shape[-2] > n_valid:
+        x = x.clone()
+        x[..., n_valid:, :] = 0
+    return x
 
 
 def block_energy_share(v: torch.Tensor, block_rows: int, n_valid: int) -> torch.Tensor:
