@@ -12,5 +12,6 @@ submodules it calls.
 __version__ = "0.1.0"
 
 from vcbench.kernels import attention, list_methods  # noqa: E402
+from vcbench.pipelines.patch import patch  # noqa: E402
 
-__all__ = ["attention", "list_methods", "__version__"]
+__all__ = ["attention", "list_methods", "patch", "__version__"]

@@ -1,0 +1,5 @@
+"""`python -m vcbench ...` (what `torchrun -m vcbench generate ...` runs)."""
+
+from vcbench.cli import main
+
+main()

@@ -1,0 +1,250 @@
+"""`vcbench generate`: one clip per (method, prompt, seed), resumable, shardable.
+
+Run folder (what `vcbench score` reads):
+
+    RUN/manifest.json                          config + one row per clip (`items`)
+    RUN/clips/<method>/<prompt_id>/s<seed>/
+        frames/000000.png ...                  lossless frames (scored)
+        preview.mp4                            H.264 preview (for people)
+        row.json                               this clip's manifest row
+
+Each clip's `row.json` is the source of truth and is written atomically by the process that
+made the clip; `manifest.json` is rebuilt from them. So a killed run loses only the clip in
+flight (its row says `partial`), several torchrun processes never write the same file, and a
+rerun skips every clip whose row matches the request and whose frames still hash to the
+recorded sha256.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vcbench.errors import UserError
+from vcbench.kernels import get_method
+from vcbench.kernels.vsmooth import GroupingSchedule
+from vcbench.pipelines import distributed
+from vcbench.pipelines.loaded import ClipSettings, LoadedModel
+from vcbench.pipelines.patch import SCHEDULE_OPTIONS, patch
+from vcbench.pipelines.progress import ClipProgress
+from vcbench.pipelines.prompts import Prompt
+from vcbench.pipelines.video_io import frames_sha256, write_frames, write_mp4
+from vcbench.runs import RunFolder, write_json
+
+ROW = "row.json"
+
+
+@dataclass
+class GenerateRequest:
+    model: str
+    methods: list[str]
+    prompts: list[Prompt]
+    seeds: list[int]
+    out: Path
+    model_path: Path | None = None
+    steps: int | None = None
+    frames: int | None = None
+    height: int | None = None
+    width: int | None = None
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)  # method -> options
+    schedule: dict[str, Any] = field(default_factory=dict)  # schedule_* options
+    backend: str = "emulate"
+    device: str | None = None
+
+
+@dataclass(frozen=True)
+class Item:
+    method: str
+    prompt: Prompt
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.method}/{self.prompt.id}/s{self.seed}"
+
+
+def check_options(methods: list[str], options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per-method options (from --option METHOD.KEY=VALUE), checked before any model loads."""
+    unknown = sorted(set(options) - set(methods))
+    if unknown:
+        raise UserError(f"--option {unknown[0]}.*: method {unknown[0]!r} is not in --methods")
+    out = {m: dict(options.get(m, {})) for m in methods}
+    for m, opts in out.items():
+        get_method(m).resolve(opts)  # unknown keys and bad values are UserErrors
+    return out
+
+
+def resolve_settings(model: LoadedModel, req: GenerateRequest) -> ClipSettings:
+    d = model.defaults
+    s = ClipSettings(steps=req.steps or d.steps, frames=req.frames or d.frames,
+                     height=req.height or d.height, width=req.width or d.width)
+    if min(s.steps, s.frames, s.height, s.width) < 1:
+        raise UserError("--steps, --frames, --height and --width must be positive")
+    return s
+
+
+def plan_items(req: GenerateRequest) -> list[Item]:
+    if not req.methods:
+        raise UserError("--methods is empty")
+    if not req.seeds:
+        raise UserError("--seeds is empty")
+    # Method-major so one process patches the pipeline once per method.
+    return [Item(m, p, s) for m in req.methods for p in req.prompts for s in req.seeds]
+
+
+def run_generate(req: GenerateRequest, show_progress: bool = True) -> Path:
+    from vcbench.pipelines.registry import load_model
+
+    for m in req.methods:
+        get_method(m)  # unknown names fail before the model loads
+    method_options = check_options(req.methods, req.options)
+    _schedule(req)
+    items = plan_items(req)
+    rank, world = distributed.setup()
+    model = load_model(req.model, req.model_path, distributed.device(req.device))
+    settings = resolve_settings(model, req)
+    config = _config(req, model, settings, method_options, world)
+    run = RunFolder(path=Path(req.out), command="generate", config=config)
+    req.out.mkdir(parents=True, exist_ok=True)
+    mine = items[rank::world]
+    status = "failed"
+    try:
+        if rank == 0:
+            _write_manifest(run, items, "running")
+        with ClipProgress(len(mine), settings.steps, enabled=show_progress and rank == 0) as bar:
+            _run_items(run, model, mine, settings, req, method_options, bar, rank == 0, items)
+        status = "ok"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        if status == "ok":
+            distributed.barrier()
+        if rank == 0:
+            rows = _write_manifest(run, items, status)
+            if status == "ok" and any(r["status"] != "ok" for r in rows):
+                _write_manifest(run, items, "failed")  # some clips errored: say so
+        distributed.teardown()
+    return run.path
+
+
+def _run_items(run, model, items, settings, req, method_options, bar, writes_manifest, all_items):
+    active = None
+    for item in items:
+        bar.start_clip(item.key)
+        if _finished(run.path, item, _signature(item, settings, req, model, method_options)):
+            bar.skip_clip()
+            continue
+        if active is None or active.method != item.method:
+            if active is not None:
+                active.restore()
+            active = patch(model.pipe, item.method, backend=req.backend,
+                           **method_options[item.method], **_schedule(req))
+        try:
+            _make_clip(run.path, model, item, settings, req, method_options, active, bar)
+        finally:
+            if writes_manifest:
+                _write_manifest(run, all_items, "running")
+        bar.end_clip()
+    if active is not None:
+        active.restore()
+
+
+def _make_clip(root, model, item, settings, req, method_options, active, bar):
+    clip = root / "clips" / item.key
+    clip.mkdir(parents=True, exist_ok=True)
+    for stale in clip.glob(".*.tmp-*"):  # left by a clip killed mid-write
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
+    row = _signature(item, settings, req, model, method_options)
+    write_json(clip / ROW, {**row, "status": "partial"})
+    active.reset()
+    try:
+        _sync(model)
+        start = time.perf_counter()
+        frames = model.generate(item.prompt.text, item.seed, settings, bar.step)
+        _sync(model)
+        wall = time.perf_counter() - start
+    except (KeyboardInterrupt, UserError):
+        raise
+    except Exception as e:  # a failing clip is recorded and the run goes on
+        write_json(clip / ROW, {**row, "status": "error", "error": f"{type(e).__name__}: {e}"})
+        return
+    digest = write_frames(frames, clip / "frames")
+    write_mp4(frames, clip / "preview.mp4")
+    rel = clip.relative_to(root).as_posix()
+    write_json(clip / ROW, {**row, "status": "ok", "wall_s": round(wall, 4),
+                            "frames_dir": f"{rel}/frames", "mp4": f"{rel}/preview.mp4",
+                            "sha256": digest, "num_frames_written": int(frames.shape[0]),
+                            "grouping_actions": {str(k): v for k, v in sorted(active.actions.items())},
+                            "attention_calls": sum(active.routed.values())})
+
+
+def _signature(item, settings, req, model, method_options) -> dict[str, Any]:
+    """The fields that define a clip: a finished row is reused only if these all match."""
+    return {"item": item.key, "method": item.method,
+            "options": {**method_options[item.method], **_schedule(req)},
+            "prompt_id": item.prompt.id, "prompt": item.prompt.text, "seed": item.seed,
+            **asdict(settings), "model": model.name, "random_weights": model.random_weights,
+            "backend": req.backend}
+
+
+def _finished(root: Path, item: Item, signature: dict[str, Any]) -> bool:
+    clip = root / "clips" / item.key
+    try:
+        row = json.loads((clip / ROW).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    if row.get("status") != "ok" or any(row.get(k) != v for k, v in _jsonable(signature).items()):
+        return False
+    frames = root / row["frames_dir"]
+    return frames.is_dir() and frames_sha256(frames) == row.get("sha256") and (root / row["mp4"]).is_file()
+
+
+def _write_manifest(run: RunFolder, items: list[Item], status: str) -> list[dict[str, Any]]:
+    rows = []
+    for path in sorted((run.path / "clips").glob(f"**/{ROW}")):
+        try:
+            rows.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue  # another process is replacing it; the next rebuild picks it up
+    order = {it.key: i for i, it in enumerate(items)}
+    rows.sort(key=lambda r: (order.get(r.get("item"), len(order)), r.get("item", "")))
+    run.items = rows
+    run.write_manifest(status)
+    return rows
+
+
+def _config(req, model, settings, method_options, world) -> dict[str, Any]:
+    return {"model": model.name, "model_path": str(req.model_path) if req.model_path else None,
+            "random_weights": model.random_weights, "methods": req.methods,
+            "method_options": method_options, "schedule": _schedule(req),
+            "prompts": [asdict(p) for p in req.prompts], "seeds": req.seeds, **asdict(settings),
+            "backend": req.backend, "device": str(model.device), "dtype": str(model.dtype),
+            "world_size": world}
+
+
+def _schedule(req: GenerateRequest) -> dict[str, Any]:
+    unknown = set(req.schedule) - set(SCHEDULE_OPTIONS)
+    if unknown:
+        raise UserError(f"unknown schedule option {sorted(unknown)[0]!r}")
+    try:
+        GroupingSchedule(1, **{SCHEDULE_OPTIONS[k]: v for k, v in req.schedule.items()})
+    except (TypeError, ValueError) as e:
+        raise UserError(f"grouping schedule: {e}") from None
+    return dict(req.schedule)
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj))
+
+
+def _sync(model: LoadedModel) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+

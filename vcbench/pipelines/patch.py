@@ -1,0 +1,294 @@
+"""`vcbench.patch(pipe, method, **options)`: route a pipeline's attention through a method.
+
+How the swap works, and why this way:
+
+* diffusers' attention processors end in `dispatch_attention_fn`, whose `native` backend
+  calls `torch.nn.functional.scaled_dot_product_attention` on post-RoPE (B, H, N, D) tensors.
+  diffusers has no public way to register a backend of our own (the backend name must be a
+  member of its enum), so instead of editing its registry the patch puts forward hooks on
+  every attention module of the transformer(s). While one of those modules runs, a
+  `TorchFunctionMode` catches its SDPA call and computes it with `vcbench.attention`.
+  Nothing in diffusers is modified, and the same hook works for any model whose attention
+  module ends in SDPA (packed text-video joint attention included: it is one SDPA call).
+* A processor pinned to another backend (flash, sage...) would never reach SDPA, so for the
+  duration of the patch such a module gets a copy of its processor pinned to `native`.
+* Self-attention goes through the method; cross-attention (different query/key lengths, or a
+  module flagged `is_cross_attention`) stays on plain SDPA unless `route_cross=True`.
+* A boolean mask (HunyuanVideo-1.5 masks padded text tokens) is honoured by running the
+  method on the valid tokens only; the padded rows, which the model discards, keep SDPA.
+* The step index comes from the scheduler: every diffusers scheduler counts its own steps
+  (`scheduler.step_index`, None before the first `step()`), and the pipeline calls the
+  transformer for step i before stepping, so a pre-hook on each transformer reads it. The
+  number of steps is `len(scheduler.timesteps)`. No pipeline callback is taken over, and a
+  model with two experts (Wan2.2) shares the one scheduler.
+* The latent grid (T, H, W) is the transformer input's (frames, height, width) divided by the
+  transformer's patch size, read in the same pre-hook.
+
+`restore()` (or leaving the `with` block) removes every hook and puts back the original
+processor objects, so the pipeline is exactly as it was.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from vcbench.errors import UserError
+from vcbench.kernels import attention, get_method
+from vcbench.kernels.vsmooth import GroupingSchedule, Grouping, group
+
+# Options of the patch itself (the rest go to the method).
+SCHEDULE_OPTIONS = {
+    "schedule_placement": "placement",
+    "schedule_fraction": "fraction",
+    "schedule_refresh_every": "refresh_every",
+    "schedule_after_window": "after_window",
+}
+_SDPA = F.scaled_dot_product_attention
+_current = contextvars.ContextVar("vcbench_attention_module", default=None)
+
+
+@dataclass
+class _RunState:
+    """What the pre-hook on the transformer learned about the current forward pass."""
+
+    step: int = 0
+    num_steps: int = 1
+    pass_index: int = 0  # 0 = first transformer call of this step (cond), 1 = uncond, ...
+    grid: tuple[int, int, int] | None = None
+    started: bool = False
+
+
+@dataclass
+class _Route:
+    name: str
+    cross: bool
+
+
+class _Intercept(TorchFunctionMode):
+    """Active only while a hooked attention module runs: its SDPA call goes to the patch."""
+
+    def __init__(self, patch: AttentionPatch, route: _Route) -> None:
+        super().__init__()
+        self.patch, self.route = patch, route
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _SDPA:
+            return self.patch._sdpa(self.route, *args, **kwargs)
+        return func(*args, **kwargs)
+
+
+@dataclass
+class AttentionPatch:
+    pipe: Any
+    method: str
+    backend: str = "emulate"
+    route_cross: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    schedule_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        m = get_method(self.method)
+        m.resolve(self.options)  # unknown options and bad values fail now, not mid-run
+        self.vsmooth = m.plan(self.options).vsmooth
+        self.routed: Counter[str] = Counter()  # calls computed by the method, per module
+        self.plain: Counter[str] = Counter()  # calls left on SDPA (cross-attention)
+        self.actions: dict[int, str] = {}  # step -> grouping action taken (V-Smooth methods)
+        self.groupings: dict[tuple[str, int], Grouping] = {}
+        self.state = _RunState()
+        self._handles: list = []
+        self._saved_processors: dict[torch.nn.Module, Any] = {}
+        self._modes: list[_Intercept] = []
+        self._applied = False
+
+    # -- install / remove ----------------------------------------------------------------
+
+    def apply(self) -> AttentionPatch:
+        if self._applied:
+            return self
+        transformers = denoisers(self.pipe)
+        if not transformers:
+            raise UserError(f"{type(self.pipe).__name__} has no transformer to patch")
+        for tname, model in transformers.items():
+            self._handles.append(model.register_forward_pre_hook(self._on_transformer,
+                                                                 with_kwargs=True))
+            for mname, module in model.named_modules():
+                if not _is_attention(module):
+                    continue
+                route = _Route(f"{tname}.{mname}", bool(getattr(module, "is_cross_attention", False)))
+                self._pin_native(module)
+                self._handles.append(module.register_forward_pre_hook(self._enter(route)))
+                self._handles.append(module.register_forward_hook(self._leave, always_call=True))
+        self._applied = True
+        return self
+
+    def restore(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for module, processor in self._saved_processors.items():
+            module.processor = processor
+        self._saved_processors.clear()
+        while self._modes:  # only after an exception that skipped a forward hook
+            self._modes.pop().__exit__(None, None, None)
+        self._applied = False
+
+    def __enter__(self) -> AttentionPatch:
+        return self.apply()
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+    def reset(self) -> None:
+        """Forget cached groupings and counters (a new clip)."""
+        self.groupings.clear()
+        self.actions.clear()
+        self.routed.clear()
+        self.plain.clear()
+        self.state = _RunState()
+
+    def _pin_native(self, module: torch.nn.Module) -> None:
+        processor = getattr(module, "processor", None)
+        backend = getattr(processor, "_attention_backend", None)
+        if backend is None or str(getattr(backend, "value", backend)) == "native":
+            return
+        pinned = copy.copy(processor)
+        pinned._attention_backend = "native"
+        self._saved_processors[module] = processor
+        module.processor = pinned
+
+    # -- hooks ------------------------------------------------------------------------------
+
+    def _on_transformer(self, model, args, kwargs):
+        scheduler = getattr(self.pipe, "scheduler", None)
+        step = getattr(scheduler, "step_index", None)
+        step = 0 if step is None else int(step)
+        timesteps = getattr(scheduler, "timesteps", None)
+        num_steps = len(timesteps) if timesteps is not None else step + 1
+        s = self.state
+        if s.started and step < s.step:  # a new run of the pipeline with the same patch
+            self.reset()
+            s = self.state
+        s.pass_index = s.pass_index + 1 if s.started and step == s.step else 0
+        s.step, s.num_steps, s.started = step, max(num_steps, step + 1), True
+        s.grid = latent_grid(model, args, kwargs)
+
+    def _enter(self, route: _Route):
+        def hook(module, args):
+            mode = _Intercept(self, route)
+            mode.__enter__()
+            self._modes.append(mode)
+        return hook
+
+    def _leave(self, module, args, output):
+        if self._modes:
+            self._modes.pop().__exit__(None, None, None)
+
+    # -- the attention call -------------------------------------------------------------------
+
+    def _sdpa(self, route: _Route, query, key, value, attn_mask=None, dropout_p=0.0,
+              is_causal=False, scale=None, enable_gqa=False):
+        same_shape = query.shape == key.shape == value.shape
+        if (route.cross and not self.route_cross) or not same_shape or is_causal or dropout_p:
+            if route.cross and self.route_cross and not same_shape:
+                raise UserError(f"route_cross: {route.name} attends {query.shape[-2]} queries to "
+                                f"{key.shape[-2]} keys; the methods take self-attention only")
+            self.plain[route.name] += 1
+            return _SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        self.routed[route.name] += 1
+        if attn_mask is None:
+            return self._method(route, query, key, value, scale)
+        return self._masked(route, query, key, value, attn_mask, scale)
+
+    def _masked(self, route, query, key, value, attn_mask, scale):
+        if attn_mask.dtype != torch.bool:
+            raise UserError(f"{route.name}: only boolean attention masks can be routed")
+        mask = attn_mask.expand(query.shape[0], -1, query.shape[-2], key.shape[-2])
+        # Keys that any query may see; the model's masks are symmetric (valid_i & valid_j).
+        valid = mask.any(dim=(1, 2))
+        out = torch.empty_like(query)
+        for b in range(query.shape[0]):
+            idx = valid[b].nonzero().squeeze(1)
+            sl = (slice(b, b + 1), slice(None), idx)
+            out[sl] = self._method(route, query[sl], key[sl], value[sl], scale)
+            pad = (~valid[b]).nonzero().squeeze(1)
+            if len(pad):  # rows the model throws away: keep them as SDPA computes them
+                rows = (slice(b, b + 1), slice(None), pad)
+                out[rows] = _SDPA(query[rows], key[b:b + 1], value[b:b + 1],
+                                  attn_mask=mask[b:b + 1, :, pad], scale=scale)
+        return out
+
+    def _method(self, route: _Route, q, k, v, scale):
+        opts = dict(self.options)
+        if scale is not None:
+            opts["sm_scale"] = float(scale)
+        if self.vsmooth is not None:
+            opts.update(self._grouping_options(route, v))
+        return attention(q, k, v, self.method, tensor_layout="HND", backend=self.backend, **opts)
+
+    def _grouping_options(self, route: _Route, v: torch.Tensor) -> dict[str, Any]:
+        s = self.state
+        schedule = GroupingSchedule(s.num_steps, **self.schedule_options)
+        action = schedule.action(s.step)
+        self.actions[s.step] = action
+        if action == "plain":
+            return {"vsmooth": False}
+        key = (route.name, s.pass_index)
+        cached = self.groupings.get(key)
+        fits = cached is not None and cached.permutation.shape == v.shape[:-1]
+        if action == "reuse" and fits:
+            return {"permutation": cached.permutation}
+        init = cached.centroids if fits else None  # warm start from the last grouping
+        grouping = group(v.float(), self.vsmooth, grid=s.grid, init=init)
+        self.groupings[key] = grouping
+        return {"permutation": grouping.permutation}
+
+
+def patch(pipe: Any, method: str, backend: str = "emulate", route_cross: bool = False,
+          **options: Any) -> AttentionPatch:
+    """Route `pipe`'s attention through `method`; use as a context manager or call
+    `.restore()`. Options named `schedule_*` set the grouping schedule (placement, fraction,
+    refresh_every, after_window); the others are the method's own options."""
+    schedule = {SCHEDULE_OPTIONS[k]: options.pop(k) for k in list(options) if k in SCHEDULE_OPTIONS}
+    try:
+        GroupingSchedule(1, **schedule)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"grouping schedule: {e}") from None
+    return AttentionPatch(pipe, method, backend=backend, route_cross=route_cross,
+                          options=options, schedule_options=schedule).apply()
+
+
+def denoisers(pipe: Any) -> dict[str, torch.nn.Module]:
+    """The transformer(s) of a pipeline: diffusers names them transformer, transformer_2."""
+    if isinstance(pipe, torch.nn.Module):
+        return {"transformer": pipe}
+    components = getattr(pipe, "components", None) or {}
+    return {name: c for name, c in components.items()
+            if name.startswith("transformer") and isinstance(c, torch.nn.Module)}
+
+
+def _is_attention(module: torch.nn.Module) -> bool:
+    # diffusers' attention modules (Attention, WanAttention, ...) all carry a processor.
+    return hasattr(module, "processor") and hasattr(module, "set_processor")
+
+
+def latent_grid(model: torch.nn.Module, args, kwargs) -> tuple[int, int, int] | None:
+    """(T, H, W) in tokens: the 5-D latent input divided by the patch size."""
+    x = kwargs.get("hidden_states", args[0] if args else None)
+    if not isinstance(x, torch.Tensor) or x.dim() != 5:
+        return None
+    config = getattr(model, "config", {})
+    patch_size = config.get("patch_size", 1)
+    if isinstance(patch_size, int):
+        patch_size = (config.get("patch_size_t", 1) or 1, patch_size, patch_size)
+    pt, ph, pw = patch_size
+    return (x.shape[2] // pt, x.shape[3] // ph, x.shape[4] // pw)
