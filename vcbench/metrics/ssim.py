@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vcbench.errors import UserError
+
 DATA_RANGE = 255.0
 SIGMA = 1.5
 K1, K2 = 0.01, 0.03
@@ -23,6 +25,9 @@ RADIUS = int(3.5 * SIGMA + 0.5)  # skimage's truncate=3.5 -> an 11-tap window
 
 def ssim(ref: torch.Tensor, cand: torch.Tensor) -> float:
     """ref, cand: (T, H, W, C) in [0, 255], same shape, any device."""
+    if min(ref.shape[1:3]) < 2 * RADIUS + 1:
+        raise UserError(f"SSIM needs frames of at least {2 * RADIUS + 1}x{2 * RADIUS + 1} pixels (its window); "
+                        f"these are {ref.shape[2]}x{ref.shape[1]}")
     per_frame = ssim_frames_skimage(ref, cand) if ref.device.type == "cpu" else _ssim_frames_torch(ref, cand)
     return float(np.mean(per_frame))
 
@@ -34,7 +39,7 @@ def ssim_frames_skimage(ref: torch.Tensor, cand: torch.Tensor) -> np.ndarray:
     return np.array([
         structural_similarity(r, c, gaussian_weights=True, sigma=SIGMA, K1=K1, K2=K2,
                               use_sample_covariance=False, data_range=DATA_RANGE, channel_axis=-1)
-        for r, c in zip(ref_np, cand_np)
+        for r, c in zip(ref_np, cand_np, strict=True)
     ])
 
 
