@@ -102,6 +102,7 @@ class AttentionPatch:
         self.routed: Counter[str] = Counter()  # calls computed by the method, per module
         self.plain: Counter[str] = Counter()  # calls left on SDPA (cross-attention)
         self.actions: dict[int, str] = {}  # step -> grouping action taken (V-Smooth methods)
+        self.regroups: Counter[int] = Counter()  # step -> groupings computed (k-means runs)
         self.groupings: dict[tuple[str, int], Grouping] = {}
         self.state = _RunState()
         self._handles: list = []
@@ -151,6 +152,7 @@ class AttentionPatch:
         """Forget cached groupings and counters (a new clip)."""
         self.groupings.clear()
         self.actions.clear()
+        self.regroups.clear()
         self.routed.clear()
         self.plain.clear()
         self.state = _RunState()
@@ -249,6 +251,7 @@ class AttentionPatch:
             return {"permutation": cached.permutation}
         init = cached.centroids if fits else None  # warm start from the last grouping
         grouping = group(v.float(), self.vsmooth, grid=s.grid, init=init)
+        self.regroups[s.step] += 1
         self.groupings[key] = grouping
         return {"permutation": grouping.permutation}
 
