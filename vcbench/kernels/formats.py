@@ -19,9 +19,6 @@ INT8_MAX = 127.0
 
 # E2M1 (the NVFP4 element): sign + 2 exponent bits + 1 mantissa bit, no inf/nan.
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-# Midpoints between neighbours; a tie goes to the neighbour with an even code (0, 2, 4, 6).
-_E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-_E2M1_TIE_GOES_UP = (False, True, False, True, False, True, False)
 
 
 def round_int8(x: torch.Tensor) -> torch.Tensor:
@@ -36,13 +33,17 @@ def round_e4m3(x: torch.Tensor) -> torch.Tensor:
 
 
 def round_e2m1(x: torch.Tensor) -> torch.Tensor:
-    """Nearest E2M1 value (ties to even code), saturating at +-6."""
-    mag = x.abs()
-    code = torch.zeros_like(mag, dtype=torch.int64)
-    for mid, up in zip(_E2M1_MIDPOINTS, _E2M1_TIE_GOES_UP, strict=True):
-        code += (mag > mid) | ((mag == mid) & up)
-    grid = torch.tensor(E2M1_GRID, dtype=x.dtype, device=x.device)
-    return torch.copysign(grid[code], x)
+    """Nearest E2M1 value (ties to the even code), saturating at +-6.
+
+    The grid has step 0.5 on [0, 2], 1 on [2, 4] and 2 on [4, 6]; in each piece the code is
+    an offset plus the rounded position, and its parity is the position's, so rounding the
+    position half-to-even sends every tie to the even code.
+    """
+    mag = x.abs().clamp(max=E2M1_MAX)
+    out = torch.where(mag < 2.0, torch.round(mag * 2.0) * 0.5,
+                      torch.where(mag < 4.0, torch.round(mag - 2.0) + 2.0,
+                                  torch.round((mag - 4.0) * 0.5) * 2.0 + 4.0))
+    return torch.copysign(out, x)
 
 
 def round_bf16(x: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ from typing import Literal
 
 import torch
 
+from vcbench.errors import UserError
 from vcbench.kernels.formats import round_fp16
 from vcbench.kernels.granularity import PerChannel, Quantized, Quantizer
 
@@ -51,11 +52,23 @@ class Grouping:
     centroids: torch.Tensor | None = None
 
 
-def _initial_centroids(x: torch.Tensor, k: int) -> torch.Tensor:
-    # Evenly spaced tokens: deterministic, and on video they cover the clip's extent.
-    n = x.shape[-2]
-    idx = torch.linspace(0, n - 1, k, device=x.device).round().long()
-    return x[..., idx, :].clone()
+def _initial_centroids(x: torch.Tensor, k: int, seed: int = 0) -> torch.Tensor:
+    """k-means++ seeding: each next centroid is a token drawn with probability proportional to
+    its squared distance from the centroids so far. The uniform draws come from a CPU generator
+    with a fixed seed, so the choice is the same on every device and every run."""
+    *batch, n, d = x.shape
+    flat = x.reshape(-1, n, d)
+    rows = torch.arange(flat.shape[0], device=x.device)
+    u = torch.rand(flat.shape[0], k, generator=torch.Generator().manual_seed(seed)).to(x.device)
+    pick = (u[:, 0] * n).long().clamp_(max=n - 1)
+    centroids = [flat[rows, pick]]
+    d2 = ((flat - centroids[0][:, None]) ** 2).sum(-1)
+    for i in range(1, k):
+        cdf = d2.cumsum(-1)
+        pick = torch.searchsorted(cdf, u[:, i : i + 1] * cdf[:, -1:]).squeeze(1).clamp_(max=n - 1)
+        centroids.append(flat[rows, pick])
+        d2 = torch.minimum(d2, ((flat - centroids[-1][:, None]) ** 2).sum(-1))
+    return torch.stack(centroids, 1).reshape(*batch, k, d)
 
 
 def kmeans(x: torch.Tensor, k: int, iters: int, init: torch.Tensor | None = None
@@ -123,7 +136,7 @@ def cube_keys(grid: tuple[int, int, int], cube: tuple[int, int, int], n: int,
     """
     t, h, w = grid
     if t * h * w > n:
-        raise ValueError(f"grid {grid} has {t * h * w} tokens but the sequence has {n}")
+        raise UserError(f"grid {grid} has {t * h * w} tokens but the sequence has {n}")
     ct, ch, cw = cube
     ti, hi, wi = torch.meshgrid(torch.arange(t, device=device), torch.arange(h, device=device),
                                 torch.arange(w, device=device), indexing="ij")
@@ -144,7 +157,7 @@ def group(v: torch.Tensor, config: VSmoothConfig, grid: tuple[int, int, int] | N
         return Grouping(perm)
     if config.order == "cube":
         if grid is None:
-            raise ValueError("vsmooth_order='cube' needs the latent grid (option grid=(T, H, W))")
+            raise UserError("vsmooth_order='cube' needs the latent grid (option grid=(T, H, W))")
         keys = cube_keys(tuple(grid), config.cube, n, v.device)
         return Grouping(torch.argsort(keys, stable=True).expand(*batch, n).clone())
     if config.order == "balanced":
@@ -153,7 +166,7 @@ def group(v: torch.Tensor, config: VSmoothConfig, grid: tuple[int, int, int] | N
     if config.order == "kmeans":
         labels, centroids = kmeans(v, config.clusters, config.iters, init)
         return Grouping(torch.argsort(labels, dim=-1, stable=True), centroids)
-    raise ValueError(f"unknown vsmooth_order {config.order!r}; choose from {', '.join(ORDERS)}")
+    raise UserError(f"unknown vsmooth_order {config.order!r}; choose from {', '.join(ORDERS)}")
 
 
 def permute_tokens(x: torch.Tensor, permutation: torch.Tensor) -> torch.Tensor:

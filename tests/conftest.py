@@ -1,0 +1,20 @@
+import math
+
+import pytest
+import torch
+
+
+def reference_attention(q, k, v):
+    """softmax(Q K^T / sqrt(d)) V in float64 (HND), written out independently of vcbench."""
+    q, k, v = q.double(), k.double(), v.double()
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return torch.softmax(s, dim=-1) @ v
+
+
+def rel_l2(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(1234)
