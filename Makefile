@@ -28,5 +28,9 @@ test: setup
 lint: setup
 	$(BIN)/ruff check vcbench tests
 
+DEMO := results/demo
 demo: setup
-	$(BIN)/vcbench analyze expcast
+	$(BIN)/vcbench analyze expcast --out $(DEMO)/expcast
+	$(BIN)/vcbench analyze token-order --out $(DEMO)/token-order
+	$(BIN)/vcbench analyze kernel-error --out $(DEMO)/kernel-error
+	@echo "demo results in $(DEMO)"
