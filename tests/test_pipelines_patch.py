@@ -122,3 +122,15 @@ def test_bad_options_are_user_errors(tiny):
         vcbench.patch(tiny.pipe, "vc-8bit", schedule_fraction=2.0)
     with pytest.raises(UserError, match="unknown method"):
         vcbench.patch(tiny.pipe, "int3")
+
+
+def test_capture_saves_post_rope_qkv_with_grid(tmp_path):
+    from vcbench.pipelines.capture import run_capture
+    from vcbench.tensors import load_tensors
+
+    written = run_capture("tiny-wan", None, "a fox", 0, [1], [0, 1], tmp_path,
+                          {"steps": 2, "frames": 5, "height": 128, "width": 128}, "cpu")
+    assert [p.name for p in written] == ["transformer.blocks.1.attn1.step000.safetensors",
+                                         "transformer.blocks.1.attn1.step001.safetensors"]
+    t = load_tensors(written[0])
+    assert t.q.shape == t.k.shape == t.v.shape == (1, 2, 128, 128) and t.grid == (2, 8, 8)

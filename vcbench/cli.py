@@ -205,6 +205,33 @@ def _parse_seeds(text: str) -> list[int]:
         raise UserError(f"--seeds expects comma-separated integers, got {text!r}") from None
 
 
+# --- vcbench capture ---------------------------------------------------------------------------
+
+@app.command()
+def capture(
+    model: str = typer.Option("tiny-wan", "--model"),
+    model_path: Path = typer.Option(None, "--model-path"),
+    prompt: str = typer.Option("A red fox trots through fresh snow at dawn.", "--prompt"),
+    seed: int = typer.Option(0, "--seed"),
+    layers: str = typer.Option("0", "--layers", help="Comma-separated self-attention layer indices."),
+    at_steps: str = typer.Option("0", "--at-steps", help="Comma-separated denoising steps to save."),
+    steps: int = typer.Option(None, "--steps"),
+    frames: int = typer.Option(None, "--frames"),
+    height: int = typer.Option(None, "--height"),
+    width: int = typer.Option(None, "--width"),
+    device: str = typer.Option(None, "--device"),
+    out: Path = typer.Option(Path("results/capture"), "--out", help="Folder for the .safetensors files."),
+) -> None:
+    """Save post-RoPE q, k, v (+ grid) of chosen layers and steps to safetensors."""
+    from vcbench.pipelines.capture import run_capture
+
+    written = run_capture(model, model_path, prompt, seed, [int(x) for x in _split_list(layers) or []],
+                          [int(x) for x in _split_list(at_steps) or []], out,
+                          {"steps": steps, "frames": frames, "height": height, "width": width}, device)
+    for path in written:
+        console.print(str(path))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user mistakes into one line and exit 2."""
     argv = sys.argv[1:] if argv is None else argv

@@ -109,6 +109,9 @@ class AttentionPatch:
         self._saved_processors: dict[torch.nn.Module, Any] = {}
         self._modes: list[_Intercept] = []
         self._applied = False
+        # Called as observe(name, step, pass_index, q, k, v, grid) before each routed call
+        # (vcbench capture uses it to save the post-RoPE tensors).
+        self.observe = None
 
     # -- install / remove ----------------------------------------------------------------
 
@@ -207,6 +210,9 @@ class AttentionPatch:
             return _SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                          is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
         self.routed[route.name] += 1
+        if self.observe is not None:
+            s = self.state
+            self.observe(route.name, s.step, s.pass_index, query, key, value, s.grid)
         if attn_mask is None:
             return self._method(route, query, key, value, scale)
         return self._masked(route, query, key, value, attn_mask, scale)
