@@ -270,5 +270,5 @@ def print_result(result: ScoreResult, console) -> None:
 
 def _cell(value: Any) -> str:
     if isinstance(value, float):
-        return str(value) if not math.isfinite(value) else f"{value:.4f}"
+        return str(value) if not math.isfinite(value) else f"{value:.5g}"
     return "" if value is None else str(value)
