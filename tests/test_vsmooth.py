@@ -4,16 +4,24 @@ import math
 
 import pytest
 import torch
-
 from conftest import reference_attention
+
 from vcbench.kernels.formats import EXACT
 from vcbench.kernels.granularity import Quantizer, Unscaled
 from vcbench.kernels.method import Plan
 from vcbench.kernels.online import emulate
 from vcbench.kernels.probability import ExpThenCast
-from vcbench.kernels.vsmooth import (GroupingSchedule, VSmoothConfig, balanced_labels,
-                                     block_energy_share, block_means, cube_keys, group, kmeans,
-                                     permute_tokens)
+from vcbench.kernels.vsmooth import (
+    GroupingSchedule,
+    VSmoothConfig,
+    balanced_labels,
+    block_energy_share,
+    block_means,
+    cube_keys,
+    group,
+    kmeans,
+    permute_tokens,
+)
 
 _EXACT = Quantizer(EXACT, Unscaled())
 
@@ -129,3 +137,16 @@ def test_uniform_and_every_schedules():
         GroupingSchedule(40).action(40)
     with pytest.raises(ValueError):
         GroupingSchedule(0)
+
+
+def test_constant_blocks_keep_their_means(gen):
+    # V constant within every block: every residual is zero, every channel's scale would be
+    # zero; the restored means must still give the exact output.
+    from conftest import rel_l2
+
+    import vcbench
+
+    q, k = (torch.randn(1, 1, 256, 64, generator=gen) for _ in range(2))
+    v = torch.randn(1, 1, 1, 64, generator=gen).expand(1, 1, 256, 64).contiguous()
+    out = vcbench.attention(q, k, v, "vc-8bit", vsmooth_order="sequence")
+    assert rel_l2(out, reference_attention(q, k, v)) < 1e-3

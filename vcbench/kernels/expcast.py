@@ -32,6 +32,17 @@ def expcast_code(u: torch.Tensor, beta: float = DEFAULT_BETA) -> torch.Tensor:
     return torch.round(t).clamp_(0, ROW_MAX_CODE).to(torch.uint8)
 
 
+def expcast_code_from_scores(s: torch.Tensor, row_max: torch.Tensor,
+                             beta: float = DEFAULT_BETA) -> torch.Tensor:
+    """The kernel's form of the same map: t = S * 8 + (120 + beta - 8 m), one FMA per element
+    with the row term computed once per row. S and m are FP32 log2-domain scores; because 8 is
+    a power of two, S * 8 and m * 8 are exact and this equals `fma(S, 8, b)` bit for bit."""
+    bias = torch.tensor(ROW_MAX_CODE + beta, dtype=torch.float32, device=s.device)
+    row_term = bias - row_max.float() * 8.0
+    t = s.float() * 8.0 + row_term
+    return torch.round(t).clamp_(0, ROW_MAX_CODE).to(torch.uint8)
+
+
 def decode_e4m3_bytes(code: torch.Tensor) -> torch.Tensor:
     """Reinterpret bytes as float8_e4m3fn and widen to FP32 (no conversion of the bits)."""
     return code.view(torch.float8_e4m3fn).float()

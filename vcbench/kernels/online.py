@@ -28,6 +28,7 @@ from vcbench.kernels.vsmooth import (
     demean_and_quantize,
     group,
     permute_tokens,
+    token_mean,
     zero_rows,
 )
 
@@ -88,8 +89,8 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     n, d = q.shape[-2], q.shape[-1]
     scale_log2 = (1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)) * LOG2E
-    if plan.fold_scale_into_q:
-        q = q * scale_log2
+    if plan.fold_scale_into_q:  # one FP32 multiply, as the Q quantization kernel does it
+        q = q * torch.tensor(scale_log2, dtype=dtype, device=q.device)
 
     if plan.vsmooth is not None:
         if permutation is None:
@@ -103,7 +104,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
         raise UserError("a permutation was given to a method without V-Smooth")
 
     if plan.smooth_k:  # K's token mean: softmax is invariant to it, the quantizer is not
-        k = k - k.mean(dim=-2, keepdim=True)
+        k = k - token_mean(k)
     if plan.hadamard_qk:
         q, k = rotate(q), rotate(k)
     if plan.vsmooth is not None and plan.vsmooth.hadamard_v:
@@ -183,7 +184,7 @@ def run(ops: Operands, plan: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
             s[..., n_real:] = -math.inf
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         alpha = torch.exp2(m - m_new)
-        p_inner, p_row, r = plan.p.encode(s - m_new)
+        p_inner, p_row, r = plan.p.encode(s, m_new)
 
         pv = p_inner @ vi[..., cols, :]
         if plan.accum == "fp22":

@@ -1,7 +1,7 @@
 """How each method turns the log-domain score tile into the low-bit P tile of the PV product.
 
-Every encoder takes u = S - m' (log2 units, <= 0, the running row max already subtracted, as
-the online softmax has it) and returns
+Every encoder takes the score tile S and the running row max m' (log2 units, as the online
+softmax has them; u = S - m' <= 0) and returns
     inner:   what enters the PV matrix product (codes, times any per-16 microscale),
     outer:   a per-row scale applied to that product afterwards, or None,
     row_sum: the row sum r_ij the normalizer l accumulates, in the same units as inner*outer.
@@ -15,7 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from vcbench.kernels.expcast import DEFAULT_BETA, P_SCALE, expcast_value
+from vcbench.kernels.expcast import (
+    DEFAULT_BETA,
+    P_SCALE,
+    decode_e4m3_bytes,
+    expcast_code_from_scores,
+)
 from vcbench.kernels.formats import E2M1, E4M3, Format
 from vcbench.kernels.granularity import Microscale16, Quantizer
 
@@ -28,8 +33,8 @@ class ExpThenCast:
     fmt: Format
     scale: float = 1.0
 
-    def encode(self, u: torch.Tensor):
-        p = torch.exp2(u)
+    def encode(self, s: torch.Tensor, m: torch.Tensor):
+        p = torch.exp2(s - m)
         if self.scale != 1.0:
             p = p * self.scale
         return self.fmt.round(p), None, p.sum(-1, keepdim=True)
@@ -45,8 +50,8 @@ class ExpCast:
     beta: float = DEFAULT_BETA
     scale: float = P_SCALE
 
-    def encode(self, u: torch.Tensor):
-        p = expcast_value(u, self.beta)
+    def encode(self, s: torch.Tensor, m: torch.Tensor):
+        p = decode_e4m3_bytes(expcast_code_from_scores(s, m, self.beta)).to(s.dtype)
         return p, None, p.sum(-1, keepdim=True)
 
     def describe(self) -> str:
@@ -65,8 +70,8 @@ class NVFP4Probability:
 
     two_level: bool = True
 
-    def encode(self, u: torch.Tensor):
-        p = torch.exp2(u)
+    def encode(self, s: torch.Tensor, m: torch.Tensor):
+        p = torch.exp2(s - m)
         quantizer = Quantizer(E2M1, Microscale16(axis=-1))
         outer = None
         x = p

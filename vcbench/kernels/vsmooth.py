@@ -174,14 +174,21 @@ def permute_tokens(x: torch.Tensor, permutation: torch.Tensor) -> torch.Tensor:
     return torch.gather(x, -2, permutation[..., None].expand_as(x))
 
 
+def token_mean(x: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens (axis -2), keepdim. Summed in float64, which is exact for 16-bit
+    inputs, so a GPU kernel summing in any order gets the same FP32 mean bit for bit."""
+    return (x.double().sum(-2, keepdim=True) / x.shape[-2]).to(x.dtype)
+
+
 def block_means(v: torch.Tensor, block_rows: int, n_valid: int) -> torch.Tensor:
     """Mean of each block of `block_rows` rows over its real tokens (rows >= n_valid are
-    padding and excluded). v (B, H, Np, D) with Np a multiple of block_rows -> (B, H, Np/rows, D)."""
+    padding and excluded). v (B, H, Np, D) with Np a multiple of block_rows -> (B, H, Np/rows, D).
+    Summed in float64 like `token_mean`, for the same reason."""
     np_ = v.shape[-2]
-    valid = (torch.arange(np_, device=v.device) < n_valid).to(v.dtype)
+    valid = (torch.arange(np_, device=v.device) < n_valid).double()
     counts = valid.unflatten(0, (np_ // block_rows, block_rows)).sum(-1)
-    sums = (v * valid[:, None]).unflatten(-2, (np_ // block_rows, block_rows)).sum(-2)
-    return sums / counts.clamp(min=1)[:, None]
+    sums = (v.double() * valid[:, None]).unflatten(-2, (np_ // block_rows, block_rows)).sum(-2)
+    return (sums / counts.clamp(min=1)[:, None]).to(v.dtype)
 
 
 def demean_and_quantize(v: torch.Tensor, quantizer: Quantizer, block_rows: int, n_valid: int
@@ -196,13 +203,21 @@ def demean_and_quantize(v: torch.Tensor, quantizer: Quantizer, block_rows: int, 
     Returns (quantized residual, stored means (B, H, Np / block_rows, D)).
     """
     mean = block_means(v, block_rows, n_valid)
-    first = quantizer(zero_rows(v - mean.repeat_interleave(block_rows, dim=-2), n_valid))
-    epi = first.epilogue_scale()
+    exact_residual = zero_rows(v - mean.repeat_interleave(block_rows, dim=-2), n_valid)
+    scale = outer = None
+    if isinstance(quantizer.granularity, PerChannel):
+        scale = quantizer.granularity.amax(exact_residual) / quantizer.fmt.max
+        # A channel whose residual is zero everywhere still carries its means: give it
+        # scale 1 rather than 0, or the epilogue multiply would erase them.
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        epi = quantizer.granularity.expand(scale)
+    else:  # microscales act inside the MMA; only a global NVFP4 scale reaches the epilogue
+        first = quantizer(exact_residual)
+        epi, outer = first.epilogue_scale(), first.outer
     stored = round_fp16(mean if epi is None else mean / epi)
     restored = stored if epi is None else stored * epi
     residual = zero_rows(v - restored.repeat_interleave(block_rows, dim=-2), n_valid)
-    keep_scale = first.scale if isinstance(first.granularity, PerChannel) else None
-    return quantizer(residual, scale=keep_scale, outer=first.outer), stored
+    return quantizer(residual, scale=scale, outer=outer), stored
 
 
 def zero_rows(x: torch.Tensor, n_valid: int) -> torch.Tensor:
