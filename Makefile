@@ -34,3 +34,8 @@ demo: setup
 	$(BIN)/vcbench analyze token-order --out $(DEMO)/token-order
 	$(BIN)/vcbench analyze kernel-error --out $(DEMO)/kernel-error
 	@echo "demo results in $(DEMO)"
+
+.PHONY: bench
+bench: setup  ## GPU: kernel timings at the Wan2.2 and LongCat shapes
+	$(BIN)/vcbench timeit --shape wan22-720p --out results/bench-wan22
+	$(BIN)/vcbench timeit --shape longcat-480p --out results/bench-longcat

@@ -121,6 +121,41 @@ def analyze_token_order(tensors: Path = _TENSORS,
     print_table(table, title="V-Smooth token orders (8-bit V, 128-row blocks)", caption=label)
 
 
+# --- vcbench timeit ----------------------------------------------------------------------------
+
+@app.command("timeit")
+def timeit_command(
+        methods: str = typer.Option("bf16,sage2-8bit,fp8-fa4,vc-8bit-vsmooth,vc-8bit", "--methods",
+                                    help="Comma-separated; bf16 is always timed as the baseline."),
+        shape: str = typer.Option("wan22-720p", "--shape",
+                                  help="wan22-720p, longcat-480p or hunyuan15-720p."),
+        tensors: Path = typer.Option(None, "--tensors", help="Time on captured q, k, v instead."),
+        warmup_s: float = typer.Option(20.0, "--warmup-s", min=0.0, help="Warm-up seconds."),
+        window_s: float = typer.Option(10.0, "--window-s", min=0.1, help="Measured window seconds."),
+        json: Path = _JSON, out: Path = _OUT) -> None:
+    """Time attention kernels with CUPTI (per-launch median) beside BF16 in one run."""
+    from vcbench.display import print_table, progress_bar
+    from vcbench.runs import RunFolder, default_run_dir, write_json
+    from vcbench.timing.timeit import timeit
+
+    names = _split_list(methods) or []
+    config = {"methods": names, "shape": None if tensors else shape,
+              "tensors": str(tensors) if tensors else None, "warmup_s": warmup_s,
+              "window_s": window_s}
+    with RunFolder.create(out or default_run_dir("timeit"), "timeit", config) as run:
+        with progress_bar("timing", len(set(names) | {"bf16"})) as advance:
+            table, label = timeit(names, shape, str(tensors) if tensors else None, warmup_s,
+                                  window_s, progress=advance)
+        for row in table.to_dict(orient="records"):
+            run.record(row["method"], "ok", implementation=row["implementation"])
+        result = {"label": label, "rows": table.to_dict(orient="records")}
+        run.table("timeit", table)
+        run.json("result.json", result)
+        if json is not None:
+            write_json(json, result)
+    print_table(table, title="attention kernel time (per-launch median)", caption=label)
+
+
 # --- vcbench run -------------------------------------------------------------------------------
 
 @app.command("run")

@@ -42,10 +42,10 @@ def get_method(name: str) -> Method:
 
 def available_backends(method: Method) -> list[str]:
     """Backends that can run `method` on this machine."""
-    out = ["emulate"]
-    if method.gpu_kernel is not None and torch.cuda.is_available():
-        out.append("gpu")
-    return out
+    from vcbench.kernels.gpu import implementation
+
+    gpu = implementation(method)
+    return ["emulate"] + ([f"gpu ({gpu})"] if gpu else [])
 
 
 def method_table() -> list[dict[str, Any]]:
@@ -73,14 +73,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
     if backend not in BACKENDS:
         raise UserError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     opts = m.resolve(options)
+    from vcbench.kernels import gpu
+
     if backend == "auto":
-        backend = "gpu" if q.is_cuda and "gpu" in available_backends(m) else "emulate"
-    if backend == "gpu":
+        backend = "gpu" if q.is_cuda and gpu.implementation(m) is not None else "emulate"
+    if backend == "gpu" and gpu.implementation(m) is None:
         raise UserError(f"no GPU kernel for {m.name!r} on this machine "
                         f"(backends here: {', '.join(available_backends(m))})")
     if tensor_layout == "NHD":
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-    plan = m.build(opts)
-    call = {name: opts[name] for name in _CALL_OPTIONS if name in opts}
-    out = emulate(q, k, v, plan, **call)
+    if backend == "gpu":
+        out = gpu.gpu_attention(q, k, v, m, opts)
+    else:
+        call = {name: opts[name] for name in _CALL_OPTIONS if name in opts}
+        out = emulate(q, k, v, m.build(opts), **call)
     return out.transpose(1, 2) if tensor_layout == "NHD" else out

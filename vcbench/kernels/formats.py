@@ -62,6 +62,13 @@ def round_fp22(x: torch.Tensor) -> torch.Tensor:
     return (bits & ~((1 << 10) - 1)).view(torch.float32).to(x.dtype)
 
 
+def scale_for(amax: torch.Tensor, fmt_max: float) -> torch.Tensor:
+    """amax / fmt_max as every kernel computes it: one FP32 multiply by the reciprocal, rounded
+    to FP32 once. (A division by a scalar is turned into exactly this by some frameworks on
+    some devices; fixing the rule here keeps CPU, GPU emulation and kernels bit-equal.)"""
+    return amax * torch.tensor(1.0 / fmt_max, dtype=amax.dtype, device=amax.device)
+
+
 @dataclass(frozen=True)
 class Format:
     """A number format: its name, bit width, largest finite value and rounding function."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vcbench.kernels.formats import E4M3, Format
+from vcbench.kernels.formats import E4M3, Format, scale_for
 
 
 @dataclass(frozen=True)
@@ -179,9 +179,9 @@ class Quantizer:
             if outer is not None:
                 amax = amax / outer[..., None, None]
             if scale is None:
-                scale = E4M3.round(amax / self.fmt.max)
+                scale = E4M3.round(scale_for(amax, self.fmt.max))
         elif scale is None:
-            scale = self.granularity.amax(x) / self.fmt.max
+            scale = scale_for(self.granularity.amax(x), self.fmt.max)
         full = self.granularity.expand(scale)
         if outer is not None:
             full = full * outer[..., None, None]

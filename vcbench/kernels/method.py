@@ -1,7 +1,7 @@
 """What a method is: a name, its quantizers, its options, and how they become a `Plan`.
 
-A method module (methods/*.py) declares one `Method`. The emulation engine (online.py) and a
-GPU kernel both read the `Plan` that `Method.plan(options)` builds, so they quantize the same
+A method module (methods/*.py) declares one `Method`. The emulation engine (online.py) and the
+GPU backend (gpu.py) both read the `Plan` that `Method.plan(options)` builds, so they quantize the same
 operands the same way.
 """
 
@@ -74,7 +74,6 @@ class Method:
     smoothing: str
     build: Callable[[Mapping[str, Any]], Plan]
     options: Mapping[str, Option] = field(default_factory=dict)
-    gpu_kernel: str | None = None  # name of the GPU kernel that implements it, if any
 
     def all_options(self) -> dict[str, Option]:
         return {**COMMON_OPTIONS, **self.options}

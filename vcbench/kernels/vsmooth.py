@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 
 from vcbench.errors import UserError
-from vcbench.kernels.formats import round_fp16
+from vcbench.kernels.formats import round_fp16, scale_for
 from vcbench.kernels.granularity import PerChannel, Quantized, Quantizer
 
 ORDERS = ("kmeans", "sequence", "cube", "balanced")
@@ -52,12 +52,19 @@ class Grouping:
     centroids: torch.Tensor | None = None
 
 
+SEED_SAMPLE = 4096
+
+
 def _initial_centroids(x: torch.Tensor, k: int, seed: int = 0) -> torch.Tensor:
     """k-means++ seeding: each next centroid is a token drawn with probability proportional to
     its squared distance from the centroids so far. The uniform draws come from a CPU generator
-    with a fixed seed, so the choice is the same on every device and every run."""
+    with a fixed seed, so the choice is the same on every device and every run. Seeding is
+    sequential in k, so it runs on an evenly strided sample of at most SEED_SAMPLE tokens."""
     *batch, n, d = x.shape
     flat = x.reshape(-1, n, d)
+    if n > SEED_SAMPLE:
+        flat = flat[:, :: -(-n // SEED_SAMPLE)]
+        n = flat.shape[1]
     rows = torch.arange(flat.shape[0], device=x.device)
     u = torch.rand(flat.shape[0], k, generator=torch.Generator().manual_seed(seed)).to(x.device)
     pick = (u[:, 0] * n).long().clamp_(max=n - 1)
@@ -84,9 +91,10 @@ def kmeans(x: torch.Tensor, k: int, iters: int, init: torch.Tensor | None = None
         labels = dist.argmin(-1)
         if it == iters:  # the last pass only labels
             break
-        sums = torch.zeros_like(c).scatter_add_(-2, labels[..., None].expand_as(x), x)
-        counts = torch.zeros(c.shape[:-1], dtype=x.dtype, device=x.device)
-        counts.scatter_add_(-1, labels, torch.ones_like(labels, dtype=x.dtype))
+        # Cluster sums as a one-hot matrix product: tensor cores, no atomics on k addresses.
+        one_hot = torch.nn.functional.one_hot(labels, c.shape[-2]).to(x.dtype)
+        sums = one_hot.transpose(-1, -2) @ x
+        counts = one_hot.sum(-2)
         c = torch.where(counts[..., None] > 0, sums / counts.clamp(min=1)[..., None], c)
     return labels, c
 
@@ -206,7 +214,7 @@ def demean_and_quantize(v: torch.Tensor, quantizer: Quantizer, block_rows: int, 
     exact_residual = zero_rows(v - mean.repeat_interleave(block_rows, dim=-2), n_valid)
     scale = outer = None
     if isinstance(quantizer.granularity, PerChannel):
-        scale = quantizer.granularity.amax(exact_residual) / quantizer.fmt.max
+        scale = scale_for(quantizer.granularity.amax(exact_residual), quantizer.fmt.max)
         # A channel whose residual is zero everywhere still carries its means: give it
         # scale 1 rather than 0, or the epilogue multiply would erase them.
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))

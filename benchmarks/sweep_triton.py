@@ -1,0 +1,73 @@
+"""Device script: the Triton kernel's implementation switches and launch configs, timed at one
+shape with triton.testing.do_bench (median), BF16 cuDNN SDPA (and FA4 when importable) beside.
+Usage: PYTHONPATH=. python3 benchmarks/sweep_triton.py [--shape wan22-720p] [--quick]"""
+
+import argparse
+import functools
+import itertools
+
+import torch
+import triton
+
+from vcbench.kernels import get_method, gpu
+from vcbench.timing.timeit import PRESETS, attention_flops
+
+
+def bench(fn, quick):
+    return triton.testing.do_bench(fn, warmup=100 if quick else 500, rep=300 if quick else 1500,
+                                   return_mode="median")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="wan22-720p")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    b, h, n, d = PRESETS[args.shape]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+               for _ in range(3))
+    flops = attention_flops(q)
+    rows = []
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def cudnn():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    base = bench(lambda: gpu.bf16_attention(q, k, v), args.quick)
+    rows.append(("bf16", gpu.implementation(get_method("bf16")), base))
+    if gpu.flash_attn4() is not None:
+        rows.append(("bf16", "cudnn-sdpa", bench(cudnn, args.quick)))
+    variants = {
+        "sage2-8bit": [dict()],
+        "fp8-fa4": [dict()],
+        "vc-8bit-vsmooth": [dict(mean_mma=False), dict(mean_mma=True)],
+        "vc-8bit": [dict(rowsum=r, mean_mma=mm) for r, mm in itertools.product((0, 1), (False, True))],
+    }
+    configs = [(8, 2), (8, 3)]
+    for name, switches in variants.items():
+        plan = get_method(name).plan()
+        perm = None
+        if plan.vsmooth is not None:
+            perm = torch.arange(n, device="cuda").expand(b, h, n).contiguous()
+        ops = gpu.prepare_gpu(q, k, v, plan, permutation=perm)
+        out = torch.empty_like(q)
+        for sw in switches:
+            for nw, ns in configs:
+                try:
+                    call = functools.partial(gpu.run_prepared, ops, plan, out, num_warps=nw,
+                                             num_stages=ns, **sw)
+                    t = bench(call, args.quick)
+                except Exception as e:  # a config that does not compile is a result too
+                    print(name, sw, nw, ns, "failed:", str(e).splitlines()[0][:120])
+                    continue
+                rows.append((name, f"{sw} w{nw} s{ns}", t))
+    print(f"\n{args.shape} B{b} H{h} N{n} D{d}, {torch.cuda.get_device_name()}")
+    print(f"{'method':18s} {'variant':44s} {'ms':>8s} {'TFLOPS':>7s} {'vs bf16':>7s}")
+    for name, var, t in rows:
+        print(f"{name:18s} {var:44s} {t:8.2f} {flops / t / 1e9:7.0f} {base / t:7.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""The `gpu` backend: which methods have a GPU kernel, and the thin function that runs one.
+
+A method runs on the GPU when its plan is one the Triton kernel implements (8-bit Q/K in
+INT8 or E4M3, E4M3 V per channel or per KV tile, P by exp-then-cast to E4M3 or by ExpCast,
+optional V-Smooth, 128x128 tiles, FP32 accumulation). The plan decides the kernel's switches,
+so the emulation and the kernel read one declaration. `bf16` runs FlashAttention-4
+(`flash_attn.cute`) when it is installed, else cuDNN SDPA; `sage2-8bit` runs the official
+`sageattention` package when it is installed; both say which in `implementation(...)`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from vcbench.errors import UserError
+from vcbench.kernels.formats import E4M3, INT8, scale_for
+from vcbench.kernels.granularity import PerBlock, PerChannel
+from vcbench.kernels.method import Method, Plan
+from vcbench.kernels.probability import ExpCast, ExpThenCast
+from vcbench.kernels.rotation import rotate
+from vcbench.kernels.vsmooth import group, token_mean
+
+LOG2E = 1.0 / math.log(2.0)
+TILE = 128
+
+
+@lru_cache(maxsize=1)
+def triton_ready() -> bool:
+    """CUDA, a Hopper-or-newer GPU (FP8 tensor cores), and Triton importable."""
+    if not torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
+        return False
+    return torch.cuda.get_device_capability() >= (9, 0)
+
+
+def flash_attn4():
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception:  # not installed, or its CUTLASS DSL runtime is missing
+        return None
+    return flash_attn_func
+
+
+def official_sageattention():
+    """(module, version) of the official SageAttention2 package, or None."""
+    if importlib.util.find_spec("sageattention") is None:
+        return None
+    from importlib import metadata
+
+    import sageattention
+
+    try:
+        version = metadata.version("sageattention")
+    except metadata.PackageNotFoundError:
+        version = getattr(sageattention, "__version__", "unknown")
+    return sageattention, version
+
+
+def unsupported_reason(plan: Plan) -> str | None:
+    """Why the Triton kernel cannot run this plan, or None if it can."""
+    if plan.q.fmt not in (INT8, E4M3) or plan.k.fmt is not plan.q.fmt:
+        return "Q/K must be INT8 or E4M3"
+    if not isinstance(plan.k.granularity, PerBlock) or plan.k.granularity.rows != TILE:
+        return "K needs one scale per 128-token block"
+    if not isinstance(plan.q.granularity, PerBlock):
+        return "Q needs per-block or per-warp scales"
+    if plan.v.fmt is not E4M3 or not isinstance(plan.v.granularity, (PerChannel, PerBlock)):
+        return "V must be E4M3 per channel or per block"
+    if not isinstance(plan.p, (ExpCast, ExpThenCast)) or (
+            isinstance(plan.p, ExpThenCast) and plan.p.fmt is not E4M3):
+        return "P must be E4M3"
+    if plan.accum != "fp32":
+        return "only FP32 accumulation"
+    if plan.smooth_q or plan.block_m != TILE or plan.block_n != TILE:
+        return "only 128x128 tiles without Q smoothing"
+    if plan.vsmooth is not None and plan.vsmooth.hadamard_v:
+        return "hadamard_v is an emulation-only ablation"
+    return None
+
+
+def implementation(method: Method) -> str | None:
+    """What runs `method` with backend='gpu' on this machine, or None."""
+    if not torch.cuda.is_available():
+        return None
+    if method.name == "bf16":
+        return "flash-attn-4" if flash_attn4() is not None else "cudnn-sdpa"
+    if not triton_ready():
+        return None
+    if method.name == "sage2-8bit" and official_sageattention() is not None:
+        return f"sageattention {official_sageattention()[1]} (official)"
+    if unsupported_reason(method.plan()) is None:
+        return "vcbench-triton"
+    return None
+
+
+@dataclass
+class GpuOperands:
+    """What the attention kernel reads: codes, scales and block means, HND, N padded."""
+
+    q: torch.Tensor
+    q_scale: torch.Tensor
+    k: torch.Tensor
+    k_scale: torch.Tensor
+    v_t: torch.Tensor  # (B, H, D, N_pad): transposed, as the FP8 PV product wants it
+    v_scale: torch.Tensor  # per channel (B, H, D) or per block (B, H, N_pad / 128)
+    v_mean: torch.Tensor | None
+    n: int
+    permutation: torch.Tensor | None = None
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=None,
+                sm_scale=None) -> GpuOperands:
+    """The fused preprocessing: HND 16-bit inputs -> quantized operands."""
+    from vcbench.kernels.triton import quantize as tq
+
+    reason = unsupported_reason(plan)
+    if reason:
+        raise UserError(f"no GPU kernel for this configuration: {reason}")
+    b, h, n, d = q.shape
+    n_pad = -(-n // TILE) * TILE
+    scale_log2 = (1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)) * LOG2E
+    fmt = tq.FMT_INT8 if plan.q.fmt is INT8 else tq.FMT_E4M3
+    code_dtype = torch.int8 if plan.q.fmt is INT8 else torch.float8_e4m3fn
+    dev = q.device
+
+    if plan.vsmooth is not None and permutation is None:
+        permutation = group(v.float(), plan.vsmooth, grid=grid, init=centroids).permutation
+    perm = None if permutation is None else permutation.to(dev, torch.int32).contiguous()
+
+    def rows(x, rows_per_scale, mean=None, multiplier=None, gather=None):
+        out = torch.empty(b, h, n_pad, d, device=dev, dtype=code_dtype)
+        scale = torch.empty(b, h, n_pad // rows_per_scale, device=dev, dtype=torch.float32)
+        x = _last_dim_contiguous(x)
+        tq._quantize_rows[(n_pad // rows_per_scale, b * h)](
+            x, gather if gather is not None else scale, mean if mean is not None else scale,
+            out, scale, n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,
+            multiplier if multiplier is not None else 1.0, ROWS=rows_per_scale, D=d, FMT=fmt,
+            HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
+            MULTIPLY=multiplier is not None)
+        return out, scale
+
+    q_rows = plan.q.granularity.rows
+    if plan.hadamard_qk:  # unfused: rotation in torch, exactly as the emulation orders it
+        qf = rotate(q.float() * torch.tensor(scale_log2, dtype=torch.float32, device=dev))
+        kf = k.float()
+        if perm is not None:
+            kf = torch.gather(kf, 2, perm.long()[..., None].expand_as(kf))
+        if plan.smooth_k:
+            kf = kf - token_mean(kf)
+        qc, qs = rows(qf, q_rows)
+        kc, ks = rows(rotate(kf), TILE)
+    else:
+        qc, qs = rows(q, q_rows, multiplier=scale_log2)
+        mean = token_mean(k.float()).reshape(b * h, d).contiguous() if plan.smooth_k else None
+        kc, ks = rows(k, TILE, mean=mean, gather=perm)
+
+    v = _last_dim_contiguous(v)
+    n_blocks = n_pad // TILE
+    v_t = torch.empty(b, h, d, n_pad, device=dev, dtype=torch.float8_e4m3fn)
+    demean = plan.vsmooth is not None
+    per_block = isinstance(plan.v.granularity, PerBlock)
+    means = stored = None
+    if per_block:
+        v_scale = torch.empty(b, h, n_blocks, device=dev, dtype=torch.float32)
+    else:
+        means = torch.empty(b, h, n_blocks, d, device=dev, dtype=torch.float32)
+        block_amax = torch.empty(b, h, n_blocks, d, device=dev, dtype=torch.float32)
+        tq._v_block_stats[(n_blocks, b * h)](
+            v, perm if perm is not None else block_amax, means, block_amax, n,
+            v.stride(0), v.stride(1), v.stride(2), h, ROWS=TILE, D=d,
+            HAS_PERM=perm is not None, DEMEAN=demean)
+        v_scale = scale_for(block_amax.amax(2), E4M3.max)
+        if demean:  # as vsmooth.demean_and_quantize: zero-residual channels keep scale 1
+            v_scale = torch.where(v_scale > 0, v_scale, torch.ones_like(v_scale))
+            stored = torch.empty(b, h, n_blocks, d, device=dev, dtype=torch.float16)
+    tq._quantize_v[(n_blocks, b * h)](
+        v, perm if perm is not None else v_scale, means if means is not None else v_scale,
+        v_scale, v_t, stored if stored is not None else v_scale, n, n_pad,
+        v.stride(0), v.stride(1), v.stride(2), h, ROWS=TILE, D=d,
+        HAS_PERM=perm is not None, DEMEAN=demean, PER_BLOCK=per_block)
+    return GpuOperands(qc, qs, kc, ks, v_t, v_scale, stored, n, permutation)
+
+
+def kernel_switches(plan: Plan) -> dict:
+    expcast = isinstance(plan.p, ExpCast)
+    return dict(qk_int8=plan.q.fmt is INT8, q_rows=plan.q.granularity.rows, expcast=expcast,
+                p_scale=float(plan.p.scale), vsmooth=plan.vsmooth is not None,
+                v_per_tile=isinstance(plan.v.granularity, PerBlock),
+                expcast_bias=120.0 + (plan.p.beta if expcast else 0.0))
+
+
+def run_prepared(ops: GpuOperands, plan: Plan, out: torch.Tensor, **tuning) -> torch.Tensor:
+    from vcbench.kernels.triton.attention import launch
+
+    return launch(ops, out, **kernel_switches(plan), **tuning)
+
+
+def bf16_attention(q, k, v, sm_scale=None):
+    """BF16 reference on the GPU: FlashAttention-4 if installed, else cuDNN SDPA. HND."""
+    fa4 = flash_attn4()
+    if fa4 is not None:
+        out = fa4(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=sm_scale)
+        out = out[0] if isinstance(out, tuple) else out
+        return out.transpose(1, 2)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=sm_scale)
+
+
+def gpu_attention(q, k, v, method: Method, opts: dict) -> torch.Tensor:
+    """HND in, HND out (in the input dtype), on the GPU."""
+    if not q.is_cuda:
+        raise UserError("backend='gpu' needs CUDA tensors")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise UserError(f"the GPU kernels take bf16 or fp16 inputs, got {q.dtype}")
+    if method.name == "bf16":
+        return bf16_attention(q, k, v, opts.get("sm_scale"))
+    plan = method.build(opts)
+    ops = prepare_gpu(q, k, v, plan, permutation=opts.get("permutation"), grid=opts.get("grid"),
+                      centroids=opts.get("centroids"), sm_scale=opts.get("sm_scale"))
+    out = torch.empty_like(q)
+    return run_prepared(ops, plan, out)

@@ -1,0 +1,131 @@
+"""Fused preprocessing kernels: the quantized operands of the 8-bit methods.
+
+Each kernel reads the BF16/FP16 input once per pass and writes only codes, scales and block
+means: no high-precision intermediate goes back to HBM. They reproduce the emulation
+(`vcbench.kernels.online.prepare`) bit for bit: means are summed in FP64 (exact for 16-bit
+inputs, so the order of the sum does not matter), divisions are `div_rn`, roundings are
+nearest-even, conversions saturate.
+
+    quantize_rows   Q or K: optional gather by pi, optional mean subtraction, a scale per
+                    ROWS tokens (16 = per warp, 128 = per block), INT8 or E4M3 codes.
+    v_block_stats   V pass 1: gather by pi, FP64 block means, per-block residual amax.
+    quantize_v      V pass 2: codes written transposed (D, N) for the FP8 PV product,
+                    with the block means stored FP16 and pre-divided by the channel scale.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FMT_INT8 = 0
+FMT_E4M3 = 1
+
+
+@triton.jit
+def _mul_rn(a, b):
+    """a * b rounded on its own: `mul.rn` is never contracted into an FMA with a later add,
+    so `x - _mul_rn(m, s)` rounds twice, exactly as the emulation's separate ops do."""
+    return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _quantize_rows(X, Perm, Mean, Out, Scale, n, n_pad, stride_b, stride_h, stride_n, H,
+                   multiplier, ROWS: tl.constexpr, D: tl.constexpr, FMT: tl.constexpr,
+                   HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr):
+    group = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = group * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, D)
+    valid = rows < n
+    src = rows
+    if HAS_PERM:
+        src = tl.load(Perm + bh * n + rows, mask=valid, other=0)
+    x = tl.load(X + b * stride_b + h * stride_h + src[:, None] * stride_n + cols[None, :],
+                mask=valid[:, None], other=0.0).to(tl.float32)
+    if MULTIPLY:
+        x = x * multiplier
+    if HAS_MEAN:
+        mean = tl.load(Mean + bh * D + cols)
+        x = tl.where(valid[:, None], x - mean[None, :], 0.0)
+    amax = tl.max(tl.max(tl.abs(x), 1), 0)
+    if FMT == 0:  # formats.scale_for: a multiply by the FP32 reciprocal
+        scale = amax * (1.0 / 127.0)
+    else:
+        scale = amax * (1.0 / 448.0)
+    safe = tl.where(scale > 0, scale, 1.0)
+    y = tl.math.div_rn(x, tl.zeros_like(x) + safe)
+    y = tl.where(scale > 0, y, 0.0)
+    out_ptrs = Out + bh * n_pad * D + rows[:, None] * D + cols[None, :]
+    if FMT == 0:
+        # Clamp, then round half to even by the magic-number add (exact for |y| < 2^22).
+        y = tl.minimum(tl.maximum(y, -127.0), 127.0)
+        tl.store(out_ptrs, ((y + 12582912.0) - 12582912.0).to(tl.int8))
+    else:
+        tl.store(out_ptrs, tl.clamp(y, -448.0, 448.0).to(tl.float8e4nv))
+    tl.store(Scale + bh * (n_pad // ROWS) + group, scale)
+
+
+@triton.jit
+def _v_block_stats(X, Perm, Means, BlockAmax, n, stride_b, stride_h, stride_n, H,
+                   ROWS: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
+                   DEMEAN: tl.constexpr):
+    block = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    n_blocks = tl.num_programs(0)
+    rows = block * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, D)
+    valid = rows < n
+    src = rows
+    if HAS_PERM:
+        src = tl.load(Perm + bh * n + rows, mask=valid, other=0)
+    x = tl.load(X + b * stride_b + h * stride_h + src[:, None] * stride_n + cols[None, :],
+                mask=valid[:, None], other=0.0).to(tl.float32)
+    if DEMEAN:
+        count = tl.minimum(n - block * ROWS, ROWS).to(tl.float64)
+        mean = (tl.sum(x.to(tl.float64), 0) / count).to(tl.float32)
+        tl.store(Means + (bh * n_blocks + block) * D + cols, mean)
+        x = tl.where(valid[:, None], x - mean[None, :], 0.0)
+    tl.store(BlockAmax + (bh * n_blocks + block) * D + cols, tl.max(tl.abs(x), 0))
+
+
+@triton.jit
+def _quantize_v(X, Perm, Means, Scale, OutT, StoredMeans, n, n_pad, stride_b, stride_h, stride_n,
+                H, ROWS: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
+                DEMEAN: tl.constexpr, PER_BLOCK: tl.constexpr):
+    block = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    n_blocks = tl.num_programs(0)
+    rows = block * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, D)
+    valid = rows < n
+    src = rows
+    if HAS_PERM:
+        src = tl.load(Perm + bh * n + rows, mask=valid, other=0)
+    x = tl.load(X + b * stride_b + h * stride_h + src[:, None] * stride_n + cols[None, :],
+                mask=valid[:, None], other=0.0).to(tl.float32)
+    if PER_BLOCK:  # fp8-fa4: one scale per block of tokens, all channels
+        amax = tl.max(tl.max(tl.abs(x), 1), 0)
+        scale_b = amax * (1.0 / 448.0)
+        tl.store(Scale + bh * n_blocks + block, scale_b)
+        scale = tl.zeros([D], tl.float32) + scale_b
+    else:
+        scale = tl.load(Scale + bh * D + cols)
+    if DEMEAN:
+        mean = tl.load(Means + (bh * n_blocks + block) * D + cols)
+        stored = tl.clamp(tl.math.div_rn(mean, scale), -65504.0, 65504.0).to(tl.float16)
+        tl.store(StoredMeans + (bh * n_blocks + block) * D + cols, stored)
+        restored = _mul_rn(stored.to(tl.float32), scale)
+        x = tl.where(valid[:, None], x - restored[None, :], 0.0)
+    safe = tl.where(scale > 0, scale, 1.0)
+    y = tl.math.div_rn(x, tl.zeros_like(x) + safe[None, :])
+    y = tl.where(scale[None, :] > 0, y, 0.0)
+    codes = tl.clamp(y, -448.0, 448.0).to(tl.float8e4nv)
+    tl.store(OutT + bh * D * n_pad + cols[None, :] * n_pad + rows[:, None], codes)

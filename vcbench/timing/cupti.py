@@ -1,0 +1,66 @@
+"""Kernel durations from CUPTI activity records.
+
+The paper's protocol (appendix A): isolated launches, a warm-up (default 20 s) then a
+measurement window (default 10 s), summarised by the per-launch median. The records come
+from torch.profiler, whose Kineto backend reads CUPTI's kernel activity: device-side start
+and end of every kernel, with no host timing or launch gaps in them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KernelTimes:
+    """Durations (ms) of every kernel launched in the window, by kernel name."""
+
+    calls: int
+    by_kernel: dict[str, list[float]]
+
+    def median_ms(self, name: str) -> float:
+        return statistics.median(self.by_kernel[name])
+
+    def main_kernel(self) -> str:
+        """The kernel that takes the most time in total: the attention kernel of a call."""
+        return max(self.by_kernel, key=lambda k: sum(self.by_kernel[k]))
+
+    def per_call_ms(self) -> float:
+        """All kernels' time divided by the number of calls (for multi-kernel stages)."""
+        return sum(sum(v) for v in self.by_kernel.values()) / max(self.calls, 1)
+
+
+def _run_for(fn: Callable[[], object], seconds: float, min_calls: int) -> int:
+    calls, start = 0, time.perf_counter()
+    while calls < min_calls or time.perf_counter() - start < seconds:
+        fn()
+        calls += 1
+        if calls % 8 == 0:  # keep the launch queue short so the window means wall time
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return calls
+
+
+def time_kernels(fn: Callable[[], object], warmup_s: float = 20.0, window_s: float = 10.0,
+                 min_calls: int = 5) -> KernelTimes:
+    """Warm up for `warmup_s`, then record every kernel `fn` launches for `window_s`."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    _run_for(fn, warmup_s, 1)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        calls = _run_for(fn, window_s, min_calls)
+    by_kernel: dict[str, list[float]] = defaultdict(list)
+    for event in prof.profiler.kineto_results.events():
+        if event.device_type() == DeviceType.CUDA and event.duration_ns() > 0:
+            name = event.name()
+            if name.startswith("Memcpy") or name.startswith("Memset"):
+                continue
+            by_kernel[name].append(event.duration_ns() / 1e6)
+    return KernelTimes(calls, dict(by_kernel))

@@ -1,0 +1,113 @@
+"""`vcbench timeit`: attention kernels timed side by side with BF16 in one run.
+
+For each method: the attention kernel alone (preprocessing outside the timer, as the paper
+times it) by its per-launch median, TFLOPS = 4 B H N^2 D / t, the fused preprocessing timed
+separately (GPU time per call, every kernel it launches), the V-Smooth grouping (k-means)
+separately again, and the speedup over `bf16` measured in the same run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from vcbench.errors import UserError
+from vcbench.kernels import get_method
+
+PRESETS = {  # (B, H, N, D), paper appendix A
+    "wan22-720p": (1, 40, 75600, 128),
+    "longcat-480p": (1, 32, 37440, 128),
+    "hunyuan15-720p": (1, 16, 111600, 128),
+}
+
+
+@dataclass(frozen=True)
+class Inputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    grid: tuple[int, int, int] | None
+    label: str
+
+
+def make_inputs(shape: str | None, tensors: str | None, seed: int = 0) -> Inputs:
+    if tensors is not None:
+        from vcbench.tensors import load_tensors
+
+        t = load_tensors(tensors)
+        q, k, v = (x.cuda().to(torch.bfloat16) for x in (t.q, t.k, t.v))
+        return Inputs(q, k, v, t.grid, f"tensors {tensors}")
+    if shape not in PRESETS:
+        raise UserError(f"unknown shape {shape!r} (presets: {', '.join(PRESETS)})")
+    b, h, n, d = PRESETS[shape]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+               for _ in range(3))
+    return Inputs(q, k, v, None, f"{shape} random normal (B{b} H{h} N{n} D{d})")
+
+
+def attention_flops(q: torch.Tensor) -> float:
+    b, h, n, d = q.shape
+    return 4.0 * b * h * n * n * d
+
+
+def time_method(name: str, x: Inputs, warmup_s: float, window_s: float) -> dict:
+    from vcbench.kernels import gpu
+    from vcbench.kernels.vsmooth import group
+    from vcbench.timing.cupti import time_kernels
+
+    method = get_method(name)
+    impl = gpu.implementation(method)
+    if impl is None:
+        raise UserError(f"no GPU kernel for {name!r} on this machine")
+    row = {"method": name, "implementation": impl}
+    if name == "bf16":
+        attn = time_kernels(lambda: gpu.bf16_attention(x.q, x.k, x.v), warmup_s, window_s)
+        row["attention_ms"] = attn.median_ms(attn.main_kernel())
+        row["preprocess_ms"] = 0.0
+    elif impl.endswith("(official)"):
+        sage, _ = gpu.official_sageattention()
+        call = lambda: sage.sageattn(x.q, x.k, x.v, tensor_layout="HND")  # noqa: E731
+        whole = time_kernels(call, warmup_s, window_s)
+        row["attention_ms"] = whole.median_ms(whole.main_kernel())
+        row["preprocess_ms"] = whole.per_call_ms() - row["attention_ms"]
+    else:
+        plan = method.plan()
+        perm = None
+        if plan.vsmooth is not None:
+            grouping = time_kernels(lambda: group(x.v.float(), plan.vsmooth, grid=x.grid),
+                                    min(warmup_s, 2.0), min(window_s, 2.0), min_calls=3)
+            row["grouping_ms"] = grouping.per_call_ms()
+            perm = group(x.v.float(), plan.vsmooth, grid=x.grid).permutation
+        prep = lambda: gpu.prepare_gpu(x.q, x.k, x.v, plan, permutation=perm)  # noqa: E731
+        pre = time_kernels(prep, min(warmup_s, 2.0), min(window_s, 2.0), min_calls=3)
+        row["preprocess_ms"] = pre.per_call_ms()
+        ops = prep()
+        out = torch.empty_like(x.q)
+        attn = time_kernels(lambda: gpu.run_prepared(ops, plan, out), warmup_s, window_s)
+        row["attention_ms"] = attn.median_ms(attn.main_kernel())
+    row["tflops"] = attention_flops(x.q) / (row["attention_ms"] * 1e-3) / 1e12
+    return row
+
+
+def timeit(methods: list[str], shape: str | None = None, tensors: str | None = None,
+           warmup_s: float = 20.0, window_s: float = 10.0, progress=None) -> tuple[pd.DataFrame, str]:
+    if not torch.cuda.is_available():
+        raise UserError("timeit needs a CUDA GPU, and this machine has none")
+    for m in methods:
+        get_method(m)
+    if "bf16" not in methods:
+        methods = ["bf16", *methods]  # every speedup is against BF16 measured in this run
+    x = make_inputs(shape, tensors)
+    rows = []
+    for m in methods:
+        rows.append(time_method(m, x, warmup_s, window_s))
+        if progress is not None:
+            progress()
+    table = pd.DataFrame(rows)
+    base = table.loc[table.method == "bf16", "attention_ms"].iloc[0]
+    table["speedup_vs_bf16"] = base / table.attention_ms
+    device = torch.cuda.get_device_name()
+    return table, f"{x.label}; {device}; warm-up {warmup_s:g} s, window {window_s:g} s"
