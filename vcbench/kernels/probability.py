@@ -11,6 +11,7 @@ its row sum is the sum of the decoded codes, which also makes the code error can
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -34,9 +35,9 @@ class ExpThenCast:
     scale: float = 1.0
 
     def encode(self, s: torch.Tensor, m: torch.Tensor):
-        p = torch.exp2(s - m)
-        if self.scale != 1.0:
-            p = p * self.scale
+        # The kernel folds the static scale into the exponent: exp2(S - (m - log2 scale)).
+        shift = m - math.log2(self.scale) if self.scale != 1.0 else m
+        p = torch.exp2(s - shift)
         return self.fmt.round(p), None, p.sum(-1, keepdim=True)
 
     def describe(self) -> str:

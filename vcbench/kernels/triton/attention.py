@@ -4,7 +4,7 @@ One program owns BLOCK_M query rows of one (batch, head) and walks every KV tile
 
     S   = (Q_codes K_codes^T) * q_scale[row] * k_scale[tile]        INT8 (or FP8) tensor cores
     m'  = max(m, rowmax S);  alpha = exp2(m - m')
-    P   = E4M3(exp2(S - m') * P_SCALE)            or ExpCast: byte = rne(S*8 + (120+beta-8m'))
+    P   = E4M3(exp2(S - (m' - log2 P_SCALE)))      or ExpCast: byte = rne(S*8 + (120+beta-8m'))
     acc = alpha * acc + P V_codes                                    FP8 tensor cores
     acc += r * mean_tile                                             V-Smooth, Equation 6
     l   = alpha * l + r                           r: row sum of P (FP32, or decoded codes)
@@ -22,6 +22,8 @@ switches, each an A/B measured in docs/perf.md:
 
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
 
@@ -32,7 +34,7 @@ MAGIC_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: adding it rounds a float i
 def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
                    stride_ob, stride_oh, stride_on, expcast_bias,
                    QK_INT8: tl.constexpr, Q_ROWS: tl.constexpr, EXPCAST: tl.constexpr,
-                   ROWSUM: tl.constexpr, P_SCALE: tl.constexpr, VSMOOTH: tl.constexpr,
+                   ROWSUM: tl.constexpr, LOG2_P_SCALE: tl.constexpr, VSMOOTH: tl.constexpr,
                    V_PER_TILE: tl.constexpr, MEAN_MMA: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, D: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -44,8 +46,11 @@ def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
     offs_d = tl.arange(0, D)
     n_tiles = n_k_pad // BLOCK_N
 
-    q = tl.load(Q + bh * n_q_pad * D + offs_m[:, None] * D + offs_d[None, :])
-    q_scale = tl.load(QS + bh * (n_q_pad // Q_ROWS) + offs_m // Q_ROWS)
+    # A query tile may be taller than the 128-row padding (BLOCK_M = 256): mask those rows.
+    q_rows = offs_m < n_q_pad
+    q = tl.load(Q + bh * n_q_pad * D + offs_m[:, None] * D + offs_d[None, :],
+                mask=q_rows[:, None], other=0.0)
+    q_scale = tl.load(QS + bh * (n_q_pad // Q_ROWS) + offs_m // Q_ROWS, mask=q_rows, other=0.0)
     k_ptrs = K + bh * n_k_pad * D + offs_n[:, None] * D + offs_d[None, :]
     vt_ptrs = VT + bh * D * n_k_pad + offs_d[:, None] * n_k_pad + offs_n[None, :]
 
@@ -78,9 +83,8 @@ def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
                 normal = ((code + 960) << 20).to(tl.float32, bitcast=True)
                 r = tl.sum(tl.where(code >= 8, normal, code.to(tl.float32) * 0.001953125), 1)
         else:
-            pf = tl.math.exp2(s - m_new[:, None])
-            if P_SCALE != 1.0:
-                pf = pf * P_SCALE
+            # exp2(S - m + log2 P_SCALE): the P scale rides in the subtraction, no multiply.
+            pf = tl.math.exp2(s - (m_new - LOG2_P_SCALE)[:, None])
             r = tl.sum(pf, 1)
             p = pf.to(tl.float8e4nv)
         vt = tl.load(vt_ptrs)
@@ -125,7 +129,8 @@ def launch(ops, out, *, qk_int8: bool, q_rows: int, expcast: bool, p_scale: floa
         ops.v_mean if vsmooth else ops.v_scale, out,
         ops.n, ops.n, n_q_pad, ops.k.shape[2], h,
         out.stride(0), out.stride(1), out.stride(2), expcast_bias,
-        QK_INT8=qk_int8, Q_ROWS=q_rows, EXPCAST=expcast, ROWSUM=rowsum, P_SCALE=p_scale,
+        QK_INT8=qk_int8, Q_ROWS=q_rows, EXPCAST=expcast, ROWSUM=rowsum,
+        LOG2_P_SCALE=math.log2(p_scale),
         VSMOOTH=vsmooth, V_PER_TILE=v_per_tile, MEAN_MMA=mean_mma, BLOCK_M=block_m,
         BLOCK_N=block_n, D=d,
         num_warps=num_warps, num_stages=num_stages)
