@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from conftest import reference_attention, rel_l2
 
 import vcbench
-from conftest import reference_attention, rel_l2
 from vcbench.analysis.synthetic import synthetic_qkv
 from vcbench.errors import UserError
 from vcbench.kernels import get_method

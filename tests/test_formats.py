@@ -6,8 +6,17 @@ import random
 import pytest
 import torch
 
-from vcbench.kernels.formats import (E2M1, E2M1_GRID, E4M3, INT8, round_e2m1, round_e4m3,
-                                     round_fp22, round_int8, to_storage)
+from vcbench.kernels.formats import (
+    E2M1,
+    E2M1_GRID,
+    E4M3,
+    INT8,
+    round_e2m1,
+    round_e4m3,
+    round_fp22,
+    round_int8,
+    to_storage,
+)
 
 
 def e4m3_reference(x: float) -> float:

@@ -4,8 +4,14 @@ import pytest
 import torch
 
 from vcbench.kernels.formats import E2M1, E4M3, INT8, round_e4m3
-from vcbench.kernels.granularity import (Microscale16, PerBlock, PerChannel, PerTensor, PerWarp,
-                                         Quantizer)
+from vcbench.kernels.granularity import (
+    Microscale16,
+    PerBlock,
+    PerChannel,
+    PerTensor,
+    PerWarp,
+    Quantizer,
+)
 
 B, H, N, D = 2, 3, 256, 64
 
