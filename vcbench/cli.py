@@ -159,12 +159,22 @@ def timeit_command(
 # --- vcbench run -------------------------------------------------------------------------------
 
 @app.command("run")
-def run_experiment(experiment: Path = typer.Argument(..., help="Experiment YAML file.")) -> None:
+def run_experiment(experiment: Path = typer.Argument(..., help="Experiment YAML file."),
+                   set_: list[str] = typer.Option(None, "--set", help="KEY=VALUE replacing the file's "
+                                                  "value (e.g. model_path=DIR), repeatable.")) -> None:
     """Run an experiment file (experiments/*.yaml)."""
+    import yaml
+
     from vcbench.config import load_experiment
     from vcbench.experiments import run as run_loaded
 
-    run_loaded(load_experiment(experiment))
+    overrides = {}
+    for item in set_ or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key] = yaml.safe_load(value)
+    run_loaded(load_experiment(experiment, overrides))
 
 
 # --- vcbench score -----------------------------------------------------------------------------
@@ -212,6 +222,7 @@ def generate(
     schedule_after_window: str = typer.Option(None, "--schedule-after-window", help="plain | reuse."),
     backend: str = typer.Option("emulate", "--backend", help="emulate | gpu | auto."),
     device: str = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: cuda if present)."),
+    lora_path: Path = typer.Option(None, "--lora-path", help="LoRA weights file (minimax-h3: the paper's 8-step LoRA)."),
     out: Path = _OUT,
 ) -> None:
     """Generate one clip per (method, prompt, seed) with the attention swapped; resumable."""
@@ -228,7 +239,7 @@ def generate(
                           seeds=_parse_seeds(seeds), out=out or default_run_dir("generate"),
                           steps=steps, frames=frames, height=height, width=width,
                           options=_parse_options(option), schedule=schedule, backend=backend,
-                          device=device)
+                          device=device, lora_path=lora_path)
     run_dir = run_generate(req)
     console.print(f"clips and manifest in {run_dir}")
 

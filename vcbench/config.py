@@ -43,7 +43,14 @@ SYNTHETIC = {
 }
 
 ANALYSES = ("expcast", "kernel-error", "token-order")
-COMMANDS = ("analyze",)
+COMMANDS = ("analyze", "generate")
+
+SCHEDULE = {  # V-Smooth grouping schedule (generate); absent keys take the paper's values
+    "fraction": Key("float", "share of the steps that group (paper: 0.25)"),
+    "refresh_every": Key("int", "regroup every N grouping steps (paper: 4)"),
+    "placement": Key("str", "where the grouping steps sit", choices=("leading", "uniform", "every")),
+    "after_window": Key("str", "after the window", choices=("plain", "reuse")),
+}
 
 SCHEMA: dict[str, Key] = {
     "name": Key("str", "experiment name", required=True),
@@ -58,6 +65,19 @@ SCHEMA: dict[str, Key] = {
                      section=SYNTHETIC),
     "methods": Key("list[str]", "methods to run", default=[]),
     "method_options": Key("map[str, dict]", "options per method", default={}),
+    # generate (the keys of `vcbench generate`; absent clip settings take the paper's)
+    "model": Key("str", "model name (command: generate)"),
+    "model_path": Key("str", "local diffusers folder of the model"),
+    "lora_path": Key("str", "LoRA weights file (minimax-h3: the 8-step LoRA)"),
+    "prompts": Key("str", "prompts file, text or JSONL (absent: the demo prompts)"),
+    "seeds": Key("list[int]", "seeds; one seed gives every method the same noise", default=[0]),
+    "steps": Key("int", "denoising steps"),
+    "frames": Key("int", "frames per clip"),
+    "height": Key("int", "frame height"),
+    "width": Key("int", "frame width"),
+    "schedule": Key("section", "grouping schedule", default={}, section=SCHEDULE),
+    "backend": Key("str", "attention backend", default="emulate", choices=("emulate", "gpu", "auto")),
+    "device": Key("str", "cpu, cuda, cuda:1 (absent: cuda if present)"),
 }
 
 
@@ -125,6 +145,8 @@ def _check_cross_keys(s: dict[str, Any], where: str) -> None:
     if s["command"] == "analyze" and s["analysis"] is None:
         raise UserError(f"{where}: command 'analyze' needs key 'analysis' "
                         f"({', '.join(ANALYSES)})")
+    if s["command"] == "generate":
+        _check_generate(s, where)
     grid = s["synthetic"]["grid"]
     if len(grid) != 3 or any(g < 1 for g in grid):
         raise UserError(f"{where}: key 'synthetic.grid' expects three positive integers, got {grid}")
@@ -132,7 +154,14 @@ def _check_cross_keys(s: dict[str, Any], where: str) -> None:
         from vcbench.kernels import METHODS
 
         for m in s["methods"]:
-            if m not in METHODS:
+            if s["analysis"] == "kernel-error" and "+" in m:  # a variant: fp8-fa4+hadamard_qk
+                from vcbench.analysis.variants import parse_variant
+
+                try:
+                    parse_variant(m)
+                except UserError as e:
+                    raise UserError(f"{where}: key 'methods': {e}") from None
+            elif m not in METHODS:
                 raise UserError(f"{where}: key 'methods' names unknown method {m!r} "
                                 f"(known: {', '.join(METHODS)})")
     for m in s["method_options"]:
@@ -140,7 +169,28 @@ def _check_cross_keys(s: dict[str, Any], where: str) -> None:
             raise UserError(f"{where}: key 'method_options.{m}' is for a method not in 'methods'")
 
 
-def load_experiment(path: str | Path) -> Experiment:
+def _check_generate(s: dict[str, Any], where: str) -> None:
+    from vcbench.kernels import get_method
+    from vcbench.pipelines.registry import MODELS
+
+    if s["model"] is None or s["model"] not in MODELS:
+        raise UserError(f"{where}: command 'generate' needs key 'model' "
+                        f"({', '.join(MODELS)}), got {s['model']!r}")
+    if not s["methods"] or not s["seeds"]:
+        raise UserError(f"{where}: command 'generate' needs non-empty keys 'methods' and 'seeds'")
+    for key in ("steps", "frames", "height", "width"):
+        if s[key] is not None and s[key] < 1:
+            raise UserError(f"{where}: key '{key}' must be positive, got {s[key]}")
+    for m, opts in s["method_options"].items():
+        try:
+            get_method(m).resolve({k: tuple(v) if isinstance(v, list) else v for k, v in opts.items()})
+        except UserError as e:
+            raise UserError(f"{where}: key 'method_options.{m}': {e}") from None
+
+
+def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None) -> Experiment:
+    """Read and validate `path`; `overrides` (`vcbench run --set KEY=VALUE`, KEY may be
+    `section.key`) replace the file's values before validation, so they are checked alike."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"experiment file {path} does not exist")
@@ -150,6 +200,13 @@ def load_experiment(path: str | Path) -> Experiment:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise UserError(f"{path}: not valid YAML{at}") from None
+    for key, value in (overrides or {}).items():
+        if isinstance(data, dict):
+            head, _, sub = key.partition(".")
+            if sub and isinstance(data.get(head, {}), dict):
+                data[head] = {**(data.get(head) or {}), sub: value}
+            else:
+                data[key] = value
     settings = validate(data, SCHEMA, str(path))
     _check_cross_keys(settings, str(path))
     if settings["out"] is None:

@@ -56,6 +56,7 @@ class GenerateRequest:
     schedule: dict[str, Any] = field(default_factory=dict)  # schedule_* options
     backend: str = "emulate"
     device: str | None = None
+    lora_path: Path | None = None  # minimax-h3's distillation LoRA
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def run_generate(req: GenerateRequest, show_progress: bool = True) -> Path:
     _schedule(req)
     items = plan_items(req)
     rank, world = distributed.setup()
-    model = load_model(req.model, req.model_path, distributed.device(req.device))
+    model = load_model(req.model, req.model_path, distributed.device(req.device), req.lora_path)
     settings = resolve_settings(model, req)
     config = _config(req, model, settings, method_options, world)
     run = RunFolder(path=Path(req.out), command="generate", config=config)
@@ -191,7 +192,8 @@ def _signature(item, settings, req, model, method_options) -> dict[str, Any]:
             "options": {**method_options[item.method], **_schedule(req)},
             "prompt_id": item.prompt.id, "prompt": item.prompt.text, "seed": item.seed,
             **asdict(settings), "model": model.name, "random_weights": model.random_weights,
-            "backend": req.backend}
+            "backend": req.backend,
+            **({"lora_path": str(req.lora_path)} if req.lora_path else {})}
 
 
 def _finished(root: Path, item: Item, signature: dict[str, Any]) -> bool:
@@ -222,6 +224,7 @@ def _write_manifest(run: RunFolder, items: list[Item], status: str) -> list[dict
 
 def _config(req, model, settings, method_options, world) -> dict[str, Any]:
     return {"model": model.name, "model_path": str(req.model_path) if req.model_path else None,
+            "lora_path": str(req.lora_path) if req.lora_path else None,
             "random_weights": model.random_weights, "methods": req.methods,
             "method_options": method_options, "schedule": _schedule(req),
             "prompts": [asdict(p) for p in req.prompts], "seeds": req.seeds, **asdict(settings),

@@ -1,14 +1,13 @@
 """MiniMax-H3 through diffusers' modular pipeline (`MiniMaxH3ModularPipeline`).
 
 Appendix A runs it at 1344x768, 243 frames, 8 steps with the 8-step distillation LoRA,
-Euler, no CFG. The LoRA is a user file (`VCBENCH_MINIMAX_LORA`); without it the base model's
-own sampler runs with 8 steps. Video, audio and text tokens are packed into one sequence,
+Euler, no CFG. The LoRA is a user file (`--lora-path`); without it the base model's own
+sampler runs with 8 steps. Video, audio and text tokens are packed into one sequence,
 which the patch routes as one self-attention call.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -17,7 +16,6 @@ from vcbench.errors import UserError
 from vcbench.pipelines.loaded import ClipSettings, LoadedModel
 
 MINIMAX_DEFAULTS = ClipSettings(steps=8, frames=243, height=768, width=1344)
-LORA_ENV = "VCBENCH_MINIMAX_LORA"
 
 
 def call_minimax(model: LoadedModel, prompt: str, generator: torch.Generator, s: ClipSettings, on_step):
@@ -28,17 +26,15 @@ def call_minimax(model: LoadedModel, prompt: str, generator: torch.Generator, s:
     return out
 
 
-def load_minimax_h3(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def load_minimax_h3(path: Path, device: torch.device, dtype: torch.dtype,
+                    lora_path: Path | None = None) -> LoadedModel:
     try:
         from diffusers.modular_pipelines import MiniMaxH3ModularPipeline
     except ImportError:
         raise UserError("minimax-h3 needs diffusers' MiniMaxH3ModularPipeline (diffusers >= 0.42)") from None
     pipe = MiniMaxH3ModularPipeline.from_pretrained(str(path))
     pipe.load_components(torch_dtype=dtype, local_files_only=True)
-    lora = os.environ.get(LORA_ENV)
-    if lora:
-        if not Path(lora).is_file():
-            raise UserError(f"{LORA_ENV}={lora} is not a file")
-        pipe.load_lora_weights(lora)
+    if lora_path is not None:
+        pipe.load_lora_weights(str(lora_path))
     pipe.to(device)
     return LoadedModel("minimax-h3", pipe, MINIMAX_DEFAULTS, call_minimax, device, dtype)

@@ -22,6 +22,7 @@ class ModelEntry:
     summary: str
     load: Callable[[Path | None, torch.device, torch.dtype], LoadedModel]
     needs_path: bool = True
+    takes_lora: bool = False  # load(path, device, dtype, lora_path)
 
 
 def _tiny_wan(path, device, dtype):
@@ -39,9 +40,9 @@ def _hunyuan15(path, device, dtype):
     return load_hunyuan15(path, device, dtype)
 
 
-def _minimax_h3(path, device, dtype):
+def _minimax_h3(path, device, dtype, lora_path):
     from vcbench.pipelines.minimax import load_minimax_h3
-    return load_minimax_h3(path, device, dtype)
+    return load_minimax_h3(path, device, dtype, lora_path)
 
 
 def _longcat(path, device, dtype):
@@ -54,7 +55,8 @@ MODELS = {e.name: e for e in (
                needs_path=False),
     ModelEntry("wan22-t2v-a14b", "Wan2.2-T2V-A14B, diffusers WanPipeline", _wan22),
     ModelEntry("hunyuanvideo15", "HunyuanVideo-1.5 T2V, diffusers HunyuanVideo15Pipeline", _hunyuan15),
-    ModelEntry("minimax-h3", "MiniMax-H3, diffusers modular pipeline (+ 8-step LoRA)", _minimax_h3),
+    ModelEntry("minimax-h3", "MiniMax-H3, diffusers modular pipeline (+ 8-step LoRA)", _minimax_h3,
+               takes_lora=True),
     ModelEntry("longcat-video", "LongCat-Video through its upstream package", _longcat),
 )}
 
@@ -66,7 +68,8 @@ def default_device_dtype(device: str | None = None) -> tuple[torch.device, torch
     return dev, (torch.bfloat16 if dev.type == "cuda" else torch.float32)
 
 
-def load_model(name: str, path: str | Path | None = None, device: str | None = None) -> LoadedModel:
+def load_model(name: str, path: str | Path | None = None, device: str | None = None,
+               lora_path: str | Path | None = None) -> LoadedModel:
     entry = MODELS.get(name)
     if entry is None:
         raise UserError(f"unknown model {name!r} (known: {', '.join(MODELS)})")
@@ -77,4 +80,10 @@ def load_model(name: str, path: str | Path | None = None, device: str | None = N
         if not path.is_dir():
             raise UserError(f"--model-path {path} is not a directory")
     dev, dtype = default_device_dtype(device)
+    if entry.takes_lora:
+        if lora_path is not None and not Path(lora_path).is_file():
+            raise UserError(f"--lora-path {lora_path} is not a file")
+        return entry.load(path, dev, dtype, Path(lora_path) if lora_path else None)
+    if lora_path is not None:
+        raise UserError(f"--lora-path applies to minimax-h3 only, not {name}")
     return entry.load(path, dev, dtype)
