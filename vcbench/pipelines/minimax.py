@@ -1,9 +1,14 @@
-"""MiniMax-H3 through diffusers' modular pipeline (`MiniMaxH3ModularPipeline`).
+"""MiniMax-H3 through diffusers' modular pipeline (`MiniMaxH3ModularPipeline`, workflow `t2va`).
 
 Appendix A runs it at 1344x768, 243 frames, 8 steps with the 8-step distillation LoRA,
-Euler, no CFG. The LoRA is a user file (`--lora-path`); without it the base model's own
-sampler runs with 8 steps. Video, audio and text tokens are packed into one sequence,
-which the patch routes as one self-attention call.
+Euler, no CFG. The checkpoint is guidance-distilled (no guider, no `guidance_scale`: one
+transformer call per step), and its scheduler evaluates the transformer `steps - 1` times
+(`timesteps = 1 - sigmas[:-1]`). The LoRA is a user file (`--lora-path`); without it the base
+model's own sampler runs with the same step count. Text, audio and video rows are packed
+into one sequence (text first, video last) that every block attends over in one call, which
+the patch routes as self-attention; the token refiner's text-only attention is routed too.
+The transformer takes patchified rows, not a 5-D latent, so the patch has no latent grid:
+the `cube` token order is unavailable here (k-means, the default, needs none).
 """
 
 from __future__ import annotations
@@ -16,14 +21,33 @@ from vcbench.errors import UserError
 from vcbench.pipelines.loaded import ClipSettings, LoadedModel
 
 MINIMAX_DEFAULTS = ClipSettings(steps=8, frames=243, height=768, width=1344)
+FPS, MIN_S, MAX_S = 24, 5.0, 15.0  # the pipeline's fps and duration limits
+
+
+def check_minimax(s: ClipSettings) -> None:
+    if s.frames % 17 != 5 or not MIN_S * FPS <= s.frames <= MAX_S * FPS:
+        raise UserError(f"MiniMax-H3 needs 17n+5 frames lasting 5-15 s at 24 fps (124 ... 345), got {s.frames}")
+    if s.height % 32 or s.width % 32:
+        raise UserError(f"MiniMax-H3 needs height and width divisible by 32, got {s.height}x{s.width}")
+    if s.steps < 2:
+        raise UserError(f"MiniMax-H3's scheduler needs at least 2 steps, got {s.steps}")
 
 
 def call_minimax(model: LoadedModel, prompt: str, generator: torch.Generator, s: ClipSettings, on_step):
-    out = model.pipe(prompt=prompt, height=s.height, width=s.width, num_frames=s.frames,
-                     num_inference_steps=s.steps, guidance_scale=1.0, generator=generator,
-                     output_type="np", output="videos")
+    check_minimax(s)
+    pipe = model.pipe
+    # The video noise, then the audio noise, come from `generator` (seeded on the CPU), so a
+    # seed gives every method the same noise. No step callback: report from the scheduler.
+    handle = pipe.transformer.register_forward_pre_hook(
+        lambda module, args: on_step(pipe.scheduler.step_index or 0))
+    try:
+        videos = pipe(prompt=prompt, height=s.height, width=s.width, num_frames=s.frames,
+                      num_inference_steps=s.steps, generator=generator, output_type="np",
+                      output="videos")
+    finally:
+        handle.remove()
     on_step(s.steps)
-    return out
+    return videos
 
 
 def load_minimax_h3(path: Path, device: torch.device, dtype: torch.dtype,
@@ -32,8 +56,12 @@ def load_minimax_h3(path: Path, device: torch.device, dtype: torch.dtype,
         from diffusers.modular_pipelines import MiniMaxH3ModularPipeline
     except ImportError:
         raise UserError("minimax-h3 needs diffusers' MiniMaxH3ModularPipeline (diffusers >= 0.42)") from None
-    pipe = MiniMaxH3ModularPipeline.from_pretrained(str(path))
-    pipe.load_components(torch_dtype=dtype, local_files_only=True)
+    # `t2va` loads only the text-to-video+audio half (not the 61.7 GB `transformer_ref`).
+    pipe = MiniMaxH3ModularPipeline.from_pretrained(str(path), workflow="t2va", local_files_only=True)
+    pipe.load_components(dtype=dtype, local_files_only=True)
+    if getattr(pipe, "transformer", None) is None:
+        raise UserError(f"{path}: no MiniMax-H3 transformer/ (a diffusers modular folder with "
+                        "modular_model_index.json is expected)")
     if lora_path is not None:
         pipe.load_lora_weights(str(lora_path))
     pipe.to(device)
