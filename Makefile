@@ -12,6 +12,10 @@ help:
 	@echo "make setup   create .venv and install vcbench with its dev tools"
 	@echo "make test    run the test suite (CPU; GPU tests skip)"
 	@echo "make demo    the main job on the embedded tiny default, on CPU"
+	@echo "make table1 fig3 fig4 fig5    kernel analyses (synthetic tensors unless the YAML names captures)"
+	@echo "make table2 MODEL=tiny|wan22|hunyuan15|minimax-h3|longcat GPU=datacenter|workstation [MODEL_PATH=DIR]"
+	@echo "make table3 [MODEL=... MODEL_PATH=DIR]    grouping-schedule ablation"
+	@echo "make fig6 [MODEL_PATH=DIR]    attention (and clip) speedup over bf16; needs a GPU"
 	@echo "make lint    ruff"
 
 $(STAMP): pyproject.toml
@@ -28,12 +32,99 @@ test: setup
 lint: setup
 	$(BIN)/ruff check vcbench tests
 
-DEMO := results/demo
+# The whole chain on tiny-wan (random weights) on CPU: every method, 2 prompts x 2 seeds at
+# 5 frames of 128x128 and 8 steps, scored against bf16; the kernel analyses on small synthetic
+# tensors; one report. generate resumes, so a rerun only redoes what is missing.
+DEMO     := results/demo
+METHODS8 := bf16,fp8-fa4,sage2-8bit,sage3-4bit,attnqat-tf,vc-8bit,vc-8bit-vsmooth,vc-4bit
+TINY     := --model tiny-wan --frames 5 --steps 8 --height 128 --width 128 \
+            --prompts experiments/demo-prompts.txt --seeds 0,1
 demo: setup
+	$(BIN)/vcbench generate $(TINY) --methods $(METHODS8) --out $(DEMO)/generate
+	$(BIN)/vcbench score $(DEMO)/generate --metrics psnr,ssim,lpips \
+	    --json $(DEMO)/generate/score.json --csv $(DEMO)/generate/score.csv
 	$(BIN)/vcbench analyze expcast --out $(DEMO)/expcast
-	$(BIN)/vcbench analyze token-order --out $(DEMO)/token-order
-	$(BIN)/vcbench analyze kernel-error --out $(DEMO)/kernel-error
-	@echo "demo results in $(DEMO)"
+	$(BIN)/vcbench run experiments/demo-kernel-error.yaml
+	$(BIN)/vcbench run experiments/demo-token-order.yaml
+	$(BIN)/vcbench report $(DEMO)/generate $(DEMO)/expcast $(DEMO)/kernel-error \
+	    $(DEMO)/token-order --out $(DEMO)/report
+
+# --- the paper's tables and figures (docs/report.md) -------------------------------------------
+.PHONY: table1 fig3 fig4 fig5 table2 table3 fig6
+# Kernel-level analyses: captured tensors if the YAML's `tensors:` names them, else synthetic
+# video-like tensors (the tables and figures say which).
+table1 fig3 fig4 fig5: setup
+	$(BIN)/vcbench run experiments/$@.yaml
+	$(BIN)/vcbench report results/$@ --out results/$@/report
+
+# MODEL=tiny runs tiny-wan (random weights) on CPU at the demo's size, labelled so; a real model
+# needs its diffusers folder (MODEL_PATH) and a CUDA GPU, checked before anything runs.
+MODEL      ?= tiny
+GPU        ?= datacenter
+MODEL_PATH ?=
+PROMPTS    ?=
+SEEDS      ?= 0
+MODEL_tiny       := tiny-wan
+MODEL_wan22      := wan22-t2v-a14b
+MODEL_hunyuan15  := hunyuanvideo15
+MODEL_minimax-h3 := minimax-h3
+MODEL_longcat    := longcat-video
+# Table 2's methods per GPU class; the +Hadamard rows run in a second run with hadamard_qk on.
+METHODS_datacenter  := bf16,fp8-fa4,sage2-8bit,attnqat-tf,vc-8bit-vsmooth,vc-8bit
+METHODS_workstation := bf16,sage3-4bit,attnqat-tf,vc-4bit
+HADAMARD_datacenter  := fp8-fa4
+HADAMARD_workstation := sage3-4bit
+GEN_tiny := $(TINY)
+GEN_real  = --model $(MODEL_$(MODEL)) --model-path $(MODEL_PATH) --backend auto --seeds $(SEEDS) \
+            $(if $(PROMPTS),--prompts $(PROMPTS))
+GEN       = $(if $(filter tiny,$(MODEL)),$(GEN_tiny),$(GEN_real))
+# VBench's two dimensions need their weights (VBENCH_CACHE_DIR); the tiny run scores without.
+METRICS   = $(if $(filter tiny,$(MODEL)),psnr$(,)ssim$(,)lpips,psnr$(,)ssim$(,)lpips$(,)subject_consistency$(,)imaging_quality)
+, := ,
+HAS_GPU   = $(BIN)/python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'
+define need_model
+	@test -n "$(MODEL_$(MODEL))" || { echo "error: MODEL=$(MODEL) is not one of tiny, wan22, hunyuan15, minimax-h3, longcat" >&2; exit 2; }
+	@test "$(MODEL)" = tiny || test -d "$(MODEL_PATH)" || { echo "error: make $@ MODEL=$(MODEL) needs the $(MODEL_$(MODEL)) diffusers folder: set MODEL_PATH=DIR (now '$(MODEL_PATH)')" >&2; exit 2; }
+	@test "$(MODEL)" = tiny || $(HAS_GPU) || { echo "error: make $@ MODEL=$(MODEL) needs a CUDA GPU; this machine has none" >&2; exit 2; }
+endef
+
+T2 = results/table2-$(MODEL)-$(GPU)
+table2: setup
+	$(need_model)
+	@test -n "$(METHODS_$(GPU))" || { echo "error: GPU=$(GPU) is not one of datacenter, workstation" >&2; exit 2; }
+	$(BIN)/vcbench generate $(GEN) --methods $(METHODS_$(GPU)) --out $(T2)/generate
+	$(BIN)/vcbench generate $(GEN) --methods $(HADAMARD_$(GPU)) \
+	    --option $(HADAMARD_$(GPU)).hadamard_qk=true --out $(T2)/generate-hadamard
+	$(BIN)/vcbench score $(T2)/generate --metrics $(METRICS) --json $(T2)/generate/score.json
+	$(BIN)/vcbench score $(T2)/generate $(T2)/generate-hadamard --metrics $(METRICS) \
+	    --json $(T2)/generate-hadamard/score.json
+	$(BIN)/vcbench report $(T2)/generate $(T2)/generate-hadamard --out $(T2)/report
+
+# Table 3: vc-8bit grouping on the leading 25% of steps, the same count spread uniformly, and
+# every step; each scored against one bf16 run. Latency is the clip wall clock (a real one on
+# a GPU; on CPU the emulation's, labelled so).
+T3 = results/table3-$(MODEL)
+table3: setup
+	$(need_model)
+	$(BIN)/vcbench generate $(GEN) --methods bf16 --out $(T3)/bf16
+	$(BIN)/vcbench generate $(GEN) --methods vc-8bit --schedule-placement leading --out $(T3)/leading
+	$(BIN)/vcbench generate $(GEN) --methods vc-8bit --schedule-placement uniform --out $(T3)/uniform
+	$(BIN)/vcbench generate $(GEN) --methods vc-8bit --schedule-placement every --out $(T3)/every
+	for run in leading uniform every; do \
+	    $(BIN)/vcbench score $(T3)/bf16 $(T3)/$$run --metrics psnr,ssim,lpips \
+	        --json $(T3)/$$run/score.json || exit $$?; done
+	$(BIN)/vcbench report $(T3)/bf16 $(T3)/leading $(T3)/uniform $(T3)/every --out $(T3)/report
+
+# Figure 6: attention kernel time on this card (timeit, Wan2.2 720p shape) and, with weights
+# (MODEL_PATH of Wan2.2), the clip wall clock per method.
+F6 = results/fig6
+fig6: setup
+	@$(HAS_GPU) || { echo "error: make fig6 needs a CUDA GPU (it times kernels with CUPTI); this machine has none" >&2; exit 2; }
+	$(BIN)/vcbench timeit --shape wan22-720p --out $(F6)/timeit
+	$(if $(MODEL_PATH),$(BIN)/vcbench generate --model wan22-t2v-a14b --model-path $(MODEL_PATH) \
+	    --backend gpu --methods bf16,sage2-8bit,fp8-fa4,vc-8bit-vsmooth,vc-8bit --out $(F6)/generate,\
+	    @echo "no MODEL_PATH: Figure 6 shows attention speedup only (clip wall clock needs Wan2.2 weights)")
+	$(BIN)/vcbench report $(F6)/timeit $(if $(MODEL_PATH),$(F6)/generate) --out $(F6)/report
 
 .PHONY: bench
 bench: setup  ## GPU: kernel timings at the Wan2.2 and LongCat shapes

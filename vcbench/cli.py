@@ -278,6 +278,22 @@ def capture(
         console.print(str(path))
 
 
+# --- vcbench report ----------------------------------------------------------------------------
+
+@app.command()
+def report(runs: list[Path] = typer.Argument(..., help="Run folders: generate (with score.json), timeit, analyze."),
+           out: Path = typer.Option(Path("results/report"), "--out", help="Folder for report.md, CSVs, PNGs.")) -> None:
+    """Join run folders into report.md with tables (n, 95% CI), CSVs and PNG figures."""
+    from vcbench.display import print_table
+    from vcbench.report import build_report
+
+    result = build_report(runs, out)
+    if not result.main.empty:
+        print_table(result.main, title=result.main_title)
+    console.print(f"{len(result.files) - 1} tables and figures beside it")
+    print(result.out / "report.md")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user mistakes into one line and exit 2."""
     argv = sys.argv[1:] if argv is None else argv

@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
+from vcbench.analysis.variants import parse_variant
 from vcbench.display import progress_bar
-from vcbench.kernels import get_method
 from vcbench.runs import RunFolder, default_run_dir, write_json
 from vcbench.tensors import AttentionTensors, load_tensors
 
@@ -62,7 +62,7 @@ def analyze_kernel_error_command(tensors=None, methods: list[str] | None = None,
 
     methods = methods or list_methods()
     for m in methods:
-        get_method(m)  # unknown names fail before any work
+        parse_variant(m)  # unknown names and flags fail before any work
     t, label = input_tensors(tensors, synthetic)
     config = {"tensors": label, "methods": methods, "options": options or {},
               "shape": list(t.q.shape), "grid": t.grid}

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
+from vcbench.analysis.variants import parse_variant
 from vcbench.kernels import get_method
 from vcbench.kernels.online import finish, prepare, run
 
@@ -64,7 +65,11 @@ def kernel_error_table(q, k, v, methods: Sequence[str], grid=None,
     options = options or {}
     rows = []
     for method in methods:
-        rows.append(method_error(q, k, v, method, grid=grid, **options.get(method, {})))
+        # A variant ('fp8-fa4+hadamard_qk') runs its base method with its flags on; the row
+        # keeps the variant's name.
+        base, flags = parse_variant(method)
+        row = method_error(q, k, v, base, grid=grid, **flags, **options.get(method, {}))
+        rows.append({**row, "method": method})
         if progress is not None:
             progress()
     return pd.DataFrame(rows)

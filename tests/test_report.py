@@ -1,0 +1,187 @@
+"""vcbench report: run folders built on disk as generate/score/analyze write them, then the
+report's tables, refusals and figures checked against numbers computed here independently."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+from score_fixtures import perturb, smooth_clip, write_frames
+
+from vcbench.cli import main
+from vcbench.errors import UserError
+from vcbench.report import build_report
+from vcbench.report.tables import mean_ci
+from vcbench.scoring import ScoreOptions, score, write_outputs
+
+# Student-t 0.975 quantiles from a printed table (not scipy), for the independent check.
+T975 = {1: 12.706204736174705, 3: 3.182446305284263, 4: 2.7764451051977987}
+PROMPTS = [{"id": "p000", "text": "a fox"}, {"id": "p001", "text": "a wave"}]
+SEEDS = [0, 1]
+# Noise per method: a larger sigma must give a lower PSNR row.
+SIGMA = {"fp8-fa4": 6.0, "vc-8bit": 2.0}
+
+
+def make_generate_run(root: Path, methods=("bf16", "fp8-fa4", "vc-8bit"), model="tiny-wan",
+                      steps=8, schedule=None, sigma=None, with_score=True) -> Path:
+    """A generate run folder (manifest config + items, PNG frames), scored by the real scorer."""
+    sigma = sigma or SIGMA
+    items = []
+    for method in methods:
+        for p_i, prompt in enumerate(PROMPTS):
+            for seed in SEEDS:
+                clip = smooth_clip(10 * p_i + seed, frames=4, height=32, width=32)
+                if method != "bf16":
+                    clip = perturb(clip, 100 * p_i + seed, sigma[method] * (1 + 0.3 * seed))
+                item = f"{method}/{prompt['id']}/s{seed}"
+                write_frames(root / "clips" / item / "frames", clip)
+                items.append({"item": item, "method": method, "prompt_id": prompt["id"],
+                              "prompt": prompt["text"], "seed": seed, "status": "ok",
+                              "wall_s": 1.0 + len(method) * 0.1 + 0.05 * seed,
+                              "frames_dir": f"clips/{item}/frames"})
+    config = {"model": model, "model_path": None, "random_weights": True, "methods": list(methods),
+              "method_options": {m: {} for m in methods}, "schedule": schedule or {},
+              "prompts": PROMPTS, "seeds": SEEDS, "steps": steps, "frames": 4, "height": 32,
+              "width": 32, "backend": "emulate", "device": "cpu"}
+    manifest = {"command": "generate", "status": "ok", "config": config, "vcbench_version": "0.1.0",
+                "git_commit": "abc", "libraries": {"torch": "x"}, "device": {"cpu": "x86_64"},
+                "items": items}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    if with_score and "bf16" in methods:
+        write_outputs(score(root, None, ScoreOptions(["psnr", "ssim"])), root / "score.json", None)
+    return root
+
+
+def psnr_by_hand(ref: np.ndarray, cand: np.ndarray) -> float:
+    mse = np.mean((ref.astype(np.float64) - cand.astype(np.float64)) ** 2)
+    return 10 * math.log10(255.0**2 / mse)
+
+
+def read_png(path: Path) -> np.ndarray:
+    with Image.open(path) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+def test_mean_ci_against_independent_formula():
+    values = [1.0, 2.0, 3.0, 4.0, 10.0]
+    mean, half, n = mean_ci(values)
+    assert n == 5 and mean == pytest.approx(4.0)
+    assert half == pytest.approx(T975[4] * statistics.stdev(values) / math.sqrt(5), rel=1e-12)
+    # Non-finite values are left out and counted out; one value has no interval.
+    assert mean_ci([3.0, float("nan"), None])[2] == 1
+    inf = mean_ci([30.0, float("inf")])  # identical clips: PSNR inf shows, not dropped
+    assert inf[0] == float("inf") and inf[2] == 2 and math.isnan(inf[1])
+    assert math.isnan(mean_ci([3.0])[1])
+    assert mean_ci([])[2] == 0 and math.isnan(mean_ci([])[0])
+
+
+def test_report_rows_and_cis_of_two_runs(tmp_path):
+    from vcbench.analysis.commands import analyze_expcast_command
+
+    gen = make_generate_run(tmp_path / "gen")
+    analyze_expcast_command(-0.35, out=tmp_path / "expcast")
+    report = build_report([gen, tmp_path / "expcast"], tmp_path / "out")
+
+    fid = pd.read_csv(tmp_path / "out" / "fidelity.csv")
+    psnr = fid[fid.metric == "psnr"].set_index("method")
+    for method in ("fp8-fa4", "vc-8bit"):
+        by_hand = []
+        for p_i in range(len(PROMPTS)):
+            for seed in SEEDS:
+                ref = smooth_clip(10 * p_i + seed, frames=4, height=32, width=32)
+                cand = perturb(ref, 100 * p_i + seed, SIGMA[method] * (1 + 0.3 * seed))
+                by_hand.append(psnr_by_hand(ref, cand))
+        row = psnr.loc[method]
+        assert row.n == 4
+        assert row["mean"] == pytest.approx(np.mean(by_hand), abs=1e-6)
+        assert row.ci95_half == pytest.approx(T975[3] * statistics.stdev(by_hand) / 2, rel=1e-6)
+    assert psnr.loc["vc-8bit", "mean"] > psnr.loc["fp8-fa4", "mean"]
+
+    md = (tmp_path / "out" / "report.md").read_text()
+    # One row per method, bf16 as the reference, the best low-bit PSNR in bold.
+    assert "| bf16 | 4 | reference | reference |" in md
+    vc = f"{psnr.loc['vc-8bit', 'mean']:.4g} ± {psnr.loc['vc-8bit', 'ci95_half']:.2g}"
+    assert f"| vc-8bit | 4 | **{vc}** |" in md
+    assert "<u>" in md  # the second best, underlined
+    assert "## ExpCast-FP8 vs exp-then-cast (Figure 5)" in md
+    assert list(report.main.method) == ["bf16", "fp8-fa4", "vc-8bit"]
+    clip = pd.read_csv(tmp_path / "out" / "clip_time.csv").set_index("method")
+    assert clip.loc["bf16", "wall_s"] == pytest.approx(np.mean([1.4, 1.4, 1.45, 1.45]))
+    assert "emulated in PyTorch" in md  # a CPU emulation's wall clock is not sold as speed
+
+
+def test_figures_are_real_images(tmp_path):
+    from vcbench.analysis.commands import analyze_expcast_command
+
+    gen = make_generate_run(tmp_path / "gen")
+    analyze_expcast_command(-0.35, out=tmp_path / "expcast")
+    build_report([gen, tmp_path / "expcast"], tmp_path / "out")
+    for name in ("psnr_per_model.png", "speedup.png", "frame_strip_tiny-wan.png", "fig5_expcast.png"):
+        image = read_png(tmp_path / "out" / name)
+        assert image.shape[0] > 150 and image.shape[1] > 300, name
+        # Not blank: many distinct colours, and plenty of non-white pixels.
+        assert len(np.unique(image.reshape(-1, 3), axis=0)) > 50, name
+        assert (image < 200).any(axis=-1).mean() > 0.02, name
+    md = (tmp_path / "out" / "report.md").read_text()
+    for name in ("psnr_per_model.png", "frame_strip_tiny-wan.png", "fig5_expcast.png"):
+        assert f"]({name})" in md
+
+
+def test_different_models_are_shown_side_by_side(tmp_path):
+    a = make_generate_run(tmp_path / "a", model="tiny-wan")
+    b = make_generate_run(tmp_path / "b", model="other-model", methods=("bf16", "vc-8bit"))
+    build_report([a, b], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "### tiny-wan" in md and "### other-model" in md
+    assert "runs differ in model / inputs: other-model, tiny-wan" in md
+    fid = pd.read_csv(tmp_path / "out" / "fidelity.csv")
+    assert set(fid[fid.method == "vc-8bit"].model) == {"tiny-wan", "other-model"}
+
+
+def test_same_model_with_different_steps_is_refused(tmp_path, capsys):
+    a = make_generate_run(tmp_path / "a", steps=8)
+    b = make_generate_run(tmp_path / "b", steps=12)
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(a), str(b), "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "differ in steps (8 vs 12)" in err
+    assert not (tmp_path / "out" / "report.md").exists()
+
+
+def test_same_method_twice_is_refused_unless_the_schedule_differs(tmp_path):
+    a = make_generate_run(tmp_path / "a")
+    b = make_generate_run(tmp_path / "b")
+    with pytest.raises(UserError, match="scored in both"):
+        build_report([a, b], tmp_path / "out")
+    # The schedule ablation: vc-8bit scored against another run's bf16, once per placement.
+    ref = make_generate_run(tmp_path / "ref", methods=("bf16",), with_score=False)
+    uniform = make_generate_run(tmp_path / "u", methods=("vc-8bit",),
+                                schedule={"schedule_placement": "uniform"}, with_score=False)
+    write_outputs(score(ref, uniform, ScoreOptions(["psnr"])), uniform / "score.json", None)
+    build_report([a, uniform], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| vc-8bit [schedule_placement=uniform] | 4 |" in md
+    assert "| vc-8bit | 4 |" in md
+
+
+def test_score_file_of_another_run_is_refused(tmp_path):
+    a = make_generate_run(tmp_path / "a")
+    b = make_generate_run(tmp_path / "b", methods=("bf16", "vc-8bit"), model="m2")
+    (b / "score.json").write_text((a / "score.json").read_text())  # scores fp8-fa4 clips
+    with pytest.raises(UserError, match="did not generate"):
+        build_report([b], tmp_path / "out")
+
+
+def test_not_a_run_folder(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(tmp_path / "empty")])
+    assert exit_.value.code == 2
+    assert "is not a run folder" in capsys.readouterr().err

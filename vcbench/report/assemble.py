@@ -1,0 +1,187 @@
+"""`vcbench report`: run folders in, one folder out with report.md, CSVs and PNG figures.
+
+    OUT/report.md          provenance, fidelity per model, clip time, attention speedup,
+                           frame strips, kernel analyses: each table with its figure
+    OUT/*.csv              every table the report shows, in full precision
+    OUT/*.png              the figures
+
+Sections appear only for the runs given; nothing is computed that the runs do not hold.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from vcbench.errors import UserError
+from vcbench.report import figures, tables
+from vcbench.report.load import GenerateRun, Runs, load_runs
+from vcbench.runs import atomic_write_text
+
+STRIP_FRAMES = 5  # appendix E cuts five frames per row
+
+
+@dataclass
+class Report:
+    out: Path
+    main: pd.DataFrame  # the table printed in the terminal
+    main_title: str
+    files: list[Path] = field(default_factory=list)
+
+
+def build_report(paths: list[Path], out: Path) -> Report:
+    runs = load_runs(paths)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    md: list[str] = ["# vcbench report", ""]
+    files: list[Path] = []
+
+    def csv(df: pd.DataFrame, name: str) -> None:
+        path = out / f"{name}.csv"
+        atomic_write_text(path, df.to_csv(index=False))
+        files.append(path)
+
+    def figure(path: Path | None, alt: str) -> None:
+        if path is not None:
+            files.append(path)
+            md.extend([f"![{alt}]({path.name})", ""])
+
+    prov = tables.provenance(runs)
+    csv(prov, "provenance")
+    md += ["## Provenance", ""]
+    notes = tables.differences(prov)
+    md += [f"- **{n}**" for n in notes] + ([""] if notes else [])
+    if any(getattr(r, "config", {}).get("random_weights") for r in runs.generate):
+        md += ["- **random-weight model**: clips come from a model with random weights; they "
+               "exercise the pipeline and the methods, they are not the paper's videos.", ""]
+    md += [tables.markdown(prov), ""]
+
+    main, main_title = pd.DataFrame(), "no fidelity scores in these runs"
+    long = tables.fidelity(runs)
+    clip = tables.clip_time(runs)
+    if len(long):
+        csv(long, "fidelity")
+        md += ["## Fidelity against bf16 (Table 2)", "",
+               "Mean over clips ± half width of the 95% Student-t interval; `clips` is the number "
+               "of clips averaged. Bold: best low-bit method of a column, underlined: second.", ""]
+        for model in dict.fromkeys(long.model):
+            wide = tables.fidelity_wide(long, model)
+            md += [f"### {model}{_random_tag(runs, model)}", "", tables.markdown(wide), ""]
+            if main.empty:
+                main = tables.fidelity_wide(long, model, marked=False)
+                main_title = f"fidelity vs bf16 (mean ± 95% CI), {model}{_random_tag(runs, model)}"
+        for metric in ("psnr", "lpips"):
+            figure(figures.metric_per_model(long, metric, out / f"{metric}_per_model.png",
+                                            f"{metric} per method per model (error bar: 95% CI over clips)"),
+                   f"{metric} per method per model")
+    if len(clip):
+        csv(clip, "clip_time")
+        md += ["## Clip wall clock", "", _clip_note(clip), "",
+               tables.markdown(clip.drop(columns=["run"])), ""]
+    speed = tables.speedup(runs)
+    if len(speed):
+        csv(speed, "speedup")
+        md += ["## Attention speedup over bf16 (Figure 6, top)", "",
+               "CUPTI per-launch median of the attention kernel alone (vcbench timeit).", "",
+               tables.markdown(speed.drop(columns=["run"])), ""]
+    if len(speed) or len(clip):
+        figure(figures.speedup_bars(speed, clip, out / "speedup.png", _clip_note(clip) if len(clip) else ""),
+               "speedup over bf16")
+    for model in dict.fromkeys(r.model for r in runs.generate):
+        strip = _frame_strip([r for r in runs.generate if r.model == model], out)
+        if strip is not None:
+            md += [f"## Frame strip: {model} (appendix E)", "",
+                   "The same frame indices in every row; PSNR of this clip alone against its bf16 render.", ""]
+            figure(strip, f"frame strip {model}")
+    kinds: list[str] = []
+    for run in runs.analyses:  # a second run of one analysis gets _2, _3 ... on its files
+        kinds.append(run.kind)
+        count = kinds.count(run.kind)
+        _analysis_section(run, out, md, csv, figure, suffix="" if count == 1 else f"_{count}")
+    atomic_write_text(out / "report.md", "\n".join(md))
+    files.insert(0, out / "report.md")
+    if main.empty and len(speed):
+        main, main_title = speed.drop(columns=["run"]), "attention speedup over bf16"
+    return Report(out, main, main_title, files)
+
+
+def _random_tag(runs: Runs, model: str) -> str:
+    weights = [r.config.get("random_weights") for r in runs.generate if r.model == model]
+    return " (random weights)" if any(weights) else ""
+
+
+def _clip_note(clip: pd.DataFrame) -> str:
+    if set(clip.backend) == {"emulate"} or set(clip.device) == {"cpu"}:
+        return ("Wall clock of one clip with the methods **emulated in PyTorch** "
+                f"({', '.join(sorted(set(clip.device)))}): this times the emulation, not a kernel; "
+                "it says nothing about the speed of a method.")
+    return "Wall clock of one clip (CUDA-synchronized around the call, model loading excluded)."
+
+
+def _frame_strip(runs: list[GenerateRun], out: Path) -> Path | None:
+    """One clip (the prompt and seed most rows have) as each method and variant of one model
+    rendered it, across that model's runs (their clip settings match, by the load checks)."""
+    from vcbench.clips import read_clip
+
+    by_key: dict[tuple, dict] = {}  # (prompt_id, seed) -> row label -> (run, clip row)
+    for run in runs:
+        psnr = {(r.get("method"), r.get("prompt_id"), r.get("seed")): tables._number(r.get("psnr"))
+                for r in (run.score or {}).get("rows", [])}
+        for c in run.clips():
+            if c.get("status") != "ok" or not c.get("frames_dir"):
+                continue
+            name = tables.label(c["method"], tables.variant(run, c["method"]))
+            by_key.setdefault((c["prompt_id"], c["seed"]), {}).setdefault(
+                name, (run, c, psnr.get((c["method"], c["prompt_id"], c["seed"]))))
+    if not by_key:
+        return None
+    key = max(by_key, key=lambda k: len(by_key[k]))  # first (prompt, seed) with the most rows
+    rows = []
+    for name, (run, c, psnr) in sorted(by_key[key].items(),
+                                       key=lambda kv: (tables.method_order(kv[1][1]["method"]), kv[0])):
+        if c["method"] == tables.REFERENCE:
+            tag = "reference"
+        elif psnr is None or math.isnan(psnr):
+            tag = "PSNR n/a (not scored)"
+        else:
+            tag = f"PSNR {psnr:.2f} dB"
+        rows.append((f"{name}\n{tag}", read_clip(run.path / c["frames_dir"]).frames))
+    shapes = {f.shape for _, f in rows}
+    if len(shapes) > 1:
+        raise UserError(f"clips of {runs[0].model} {key[0]}/s{key[1]} differ in shape {sorted(shapes)}")
+    t = rows[0][1].shape[0]
+    indices = sorted({int(i) for i in np.linspace(0, t - 1, min(STRIP_FRAMES, t)).round()})
+    prompt = next(iter(by_key[key].values()))[1].get("prompt", "")
+    title = f"{runs[0].model}, prompt {key[0]} seed {key[1]}: {prompt[:90]}"
+    return figures.frame_strip(rows, indices, out / f"frame_strip_{_slug(runs[0].model)}.png", title)
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in text)
+
+
+def _analysis_section(run, out: Path, md: list[str], csv, figure, suffix: str) -> None:
+    inputs = run.config.get("tensors") or f"beta {run.config.get('beta')}"
+    table = tables.analysis_table(run)
+    titles = {"expcast": "ExpCast-FP8 vs exp-then-cast (Figure 5)",
+              "kernel_error": "Output error split into probability and value terms (Figure 3a)",
+              "token_order": "Token orders for the value quantizer (Table 1, Figure 4)"}
+    md += [f"## {titles[run.kind]}", "", f"Inputs: {inputs} (run `{run.path}`).", "",
+           tables.markdown(table, digits=6), ""]
+    csv(table, f"{run.kind}{suffix}")
+    note = f"{titles[run.kind]}; inputs: {inputs}"
+    if run.kind == "expcast":
+        figure(figures.expcast_figure(run.tables["byte_map"], out / f"fig5_expcast{suffix}.png", note),
+               "ExpCast byte map and error")
+    elif run.kind == "kernel_error":
+        figure(figures.kernel_error_figure(table, out / f"fig3_kernel_error{suffix}.png", note),
+               "probability vs value error")
+    else:
+        figure(figures.token_order_figure(table, out / f"fig4_token_order{suffix}.png", note),
+               "token order energy share and value error")

@@ -1,0 +1,159 @@
+"""The report's PNG figures (matplotlib, Agg: no display needed).
+
+Each function draws one figure from a table the report also writes as CSV, so a figure never
+shows a number the tables do not hold. Figures are written atomically (rendered to memory,
+then `atomic_write_bytes`).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: reports are written on machines without a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from vcbench.report.tables import label, method_order  # noqa: E402
+from vcbench.runs import atomic_write_bytes  # noqa: E402
+
+
+def save(fig, path: Path) -> Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def _bars(ax, names, values, errors=None, color="#4878a8"):
+    x = np.arange(len(names))
+    err = None if errors is None else [0 if not math.isfinite(e) else e for e in errors]
+    ax.bar(x, values, yerr=err, capsize=3, color=color)
+    ax.set_xticks(x, names, rotation=35, ha="right", fontsize=8)
+
+
+def metric_per_model(long: pd.DataFrame, metric: str, path: Path, note: str) -> Path | None:
+    """Mean of one metric per method (error bar: 95% CI over clips), one panel per model."""
+    data = long[long.metric == metric]
+    models = list(dict.fromkeys(data.model))
+    if not models:
+        return None
+    fig, axes = plt.subplots(1, len(models), figsize=(max(5, 1 + 0.7 * data.shape[0] / len(models)) * len(models), 3.6),
+                             squeeze=False)
+    for ax, model in zip(axes[0], models, strict=False):
+        rows = data[data.model == model].copy()
+        rows["order"] = [method_order(m) for m in rows.method]
+        rows = rows.sort_values(["order", "variant"])
+        _bars(ax, [label(m, v) for m, v in zip(rows.method, rows.variant, strict=False)], rows["mean"],
+              rows.ci95_half)
+        for i, (mean, n) in enumerate(zip(rows["mean"], rows.n, strict=False)):
+            ax.annotate(f"{mean:.3g}\nn={n}", (i, mean), ha="center", va="bottom", fontsize=7,
+                        xytext=(0, 2), textcoords="offset points")
+        ax.set_title(model, fontsize=10)
+        ax.set_ylabel(f"{metric} vs bf16 (mean, 95% CI)")
+        ax.margins(y=0.2)
+    fig.suptitle(note, fontsize=8)
+    return save(fig, path)
+
+
+def speedup_bars(speed: pd.DataFrame, clip: pd.DataFrame, path: Path, note: str) -> Path | None:
+    """Attention speedup over bf16 per GPU (from timeit) and clip speedup (from generate)."""
+    panels = []
+    for (gpu, inputs), rows in (speed.groupby(["gpu", "inputs"], sort=False) if len(speed) else []):
+        panels.append((f"attention: {gpu}\n{inputs}", list(rows.method), list(rows.speedup_vs_bf16)))
+    for model, rows in (clip.groupby("model", sort=False) if len(clip) else []):
+        where = ", ".join(sorted({f"{b} on {d}" for b, d in zip(rows.backend, rows.device, strict=False)}))
+        panels.append((f"clip wall clock: {model}\n({where})",
+                       [label(m, v) for m, v in zip(rows.method, rows.variant, strict=False)],
+                       list(rows.speedup_vs_bf16)))
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+    for ax, (title, names, values) in zip(axes[0], panels, strict=False):
+        _bars(ax, names, values, color="#59a14f")
+        ax.axhline(1.0, color="k", lw=0.8, ls=":")
+        for i, v in enumerate(values):
+            ax.annotate(f"{v:.2f}x", (i, v), ha="center", va="bottom", fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.set_ylabel("speedup over bf16")
+    fig.suptitle(note, fontsize=8)
+    return save(fig, path)
+
+
+def frame_strip(rows: list[tuple[str, np.ndarray]], indices: list[int], path: Path,
+                title: str) -> Path:
+    """Paper appendix E: one clip per row, the same frame indices in every row; the row label
+    carries that clip's PSNR."""
+    cols = len(indices)
+    h, w = rows[0][1].shape[1:3]
+    fig, axes = plt.subplots(len(rows), cols, squeeze=False,
+                             figsize=(1.9 * cols * w / max(h, w) + 1.5, 1.9 * len(rows) * h / max(h, w) + 0.6))
+    for r, (name, frames) in enumerate(rows):
+        for c, t in enumerate(indices):
+            ax = axes[r][c]
+            ax.imshow(frames[t].astype(np.uint8) if frames.shape[-1] != 1 else frames[t, ..., 0],
+                      cmap=None if frames.shape[-1] != 1 else "gray")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(f"frame {t}", fontsize=8)
+            if c == 0:
+                ax.set_ylabel(name, fontsize=7, rotation=0, ha="right", va="center")
+    fig.suptitle(title, fontsize=8)
+    return save(fig, path)
+
+
+def expcast_figure(byte_map: pd.DataFrame, path: Path, note: str) -> Path:
+    """Figure 5: the byte each path writes over one doubling, and ExpCast's relative error."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    a.step(byte_map.f, byte_map.cast_byte, where="mid", label="exp2 then cast (E4M3)")
+    a.step(byte_map.f, byte_map.expcast_byte, where="mid", label="ExpCast-FP8 (one FMA)", ls="--")
+    a.set_xlabel("fractional part f of the log2 score")
+    a.set_ylabel("E4M3 byte")
+    a.legend(fontsize=7)
+    a.set_title("byte map over one doubling", fontsize=9)
+    b.plot(byte_map.f, 100 * byte_map.expcast_rel_error, color="#e15759")
+    b.axhline(0, color="k", lw=0.6)
+    b.set_xlabel("fractional part f of the log2 score")
+    b.set_ylabel("relative error of decoded P (%)")
+    b.set_title("ExpCast-FP8 relative error", fontsize=9)
+    fig.suptitle(note, fontsize=8)
+    return save(fig, path)
+
+
+def kernel_error_figure(table: pd.DataFrame, path: Path, note: str) -> Path:
+    """Figure 3a: the probability term and the value term of each method's output error."""
+    x = np.arange(len(table))
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(table)), 3.6))
+    ax.bar(x - 0.2, table.prob_term, 0.4, label="probability term ||(P-P_q)V|| / ||O||")
+    ax.bar(x + 0.2, table.value_term, 0.4, label="value term ||P_q(V-V_q)|| / ||O||")
+    ax.set_xticks(x, table.method, rotation=35, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("relative L2 error")
+    ax.legend(fontsize=7)
+    ax.set_title(note, fontsize=8)
+    return save(fig, path)
+
+
+def token_order_figure(table: pd.DataFrame, path: Path, note: str) -> Path:
+    """Table 1 / Figure 4: block-energy share and value error under each token order."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    orders = list(dict.fromkeys(table.order))
+    x = np.arange(len(orders))
+    for offset, had in ((-0.2, False), (0.2, True)):
+        rows = table[table.hadamard_v == had].set_index("order").reindex(orders)
+        tag = "with V Hadamard" if had else "no rotation"
+        a.bar(x + offset, rows.energy_share, 0.4, label=tag)
+        b.bar(x + offset, rows.value_error, 0.4, label=tag)
+    for ax, ylabel in ((a, "block-energy share (Eq. 5)"), (b, "relative value error")):
+        ax.set_xticks(x, orders, fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    fig.suptitle(note, fontsize=8)
+    fig.subplots_adjust(wspace=0.3)
+    return save(fig, path)

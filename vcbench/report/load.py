@@ -1,0 +1,171 @@
+"""Reading run folders for the report, and refusing to join what cannot be joined.
+
+Each RUN argument is a run folder (manifest.json). What the report takes from it depends on
+the manifest's `command`:
+
+    generate               clip rows (`items`: wall_s, frames_dir), and `score.json` beside
+                           them if `vcbench score ... --json RUN/score.json` wrote one
+    timeit                 result.json rows (attention_ms, speedup_vs_bf16) and the GPU
+    analyze expcast        expcast.csv, byte_map.csv
+    analyze kernel-error   kernel_error.csv
+    analyze token-order    token_order.csv
+
+A fidelity row is identified by (model, method, variant): the variant names the method
+options and grouping schedule a run used, so the schedule ablation's three vc-8bit runs are
+three rows. Generate runs of one model must share their clip settings (steps, frames, size,
+seeds, prompts), or a row would compare unlike clips: that is refused. Differing vcbench
+versions or commits are not refused; the provenance table shows them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from vcbench.errors import UserError
+from vcbench.runs import read_manifest
+
+SCORE_FILE = "score.json"
+ANALYSES = {"analyze expcast": "expcast", "analyze kernel-error": "kernel_error",
+            "analyze token-order": "token_order"}
+# Settings that make two generate runs of one model comparable clip for clip.
+CLIP_SETTINGS = ("steps", "frames", "height", "width", "seeds", "prompts", "random_weights",
+                 "model_path")
+
+
+@dataclass
+class Run:
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def command(self) -> str:
+        return str(self.manifest.get("command"))
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.manifest.get("config") or {}
+
+
+@dataclass
+class GenerateRun(Run):
+    score: dict[str, Any] | None = None  # score.json, checked against the run's clips
+
+    @property
+    def model(self) -> str:
+        return str(self.config.get("model"))
+
+    def clips(self) -> list[dict[str, Any]]:
+        return [r for r in self.manifest.get("items", []) if isinstance(r, dict) and "method" in r]
+
+
+@dataclass
+class TableRun(Run):
+    """timeit and analyze runs: named tables (CSV) plus result.json."""
+
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    result: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return "timeit" if self.command == "timeit" else ANALYSES[self.command]
+
+
+@dataclass
+class Runs:
+    generate: list[GenerateRun] = field(default_factory=list)
+    timeit: list[TableRun] = field(default_factory=list)
+    analyses: list[TableRun] = field(default_factory=list)
+
+    def all(self) -> list[Run]:
+        return [*self.generate, *self.timeit, *self.analyses]
+
+
+def load_runs(paths: list[Path]) -> Runs:
+    if not paths:
+        raise UserError("report needs at least one run folder")
+    runs = Runs()
+    seen: set[Path] = set()
+    for path in paths:
+        path = Path(path)
+        if not path.is_dir():
+            raise UserError(f"{path} is not a directory (report takes run folders)")
+        if path.resolve() in seen:
+            raise UserError(f"{path} is given twice")
+        seen.add(path.resolve())
+        manifest = read_manifest(path)
+        command = manifest.get("command")
+        if command == "generate":
+            runs.generate.append(_generate_run(path, manifest))
+        elif command == "timeit":
+            runs.timeit.append(_table_run(path, manifest, ["timeit"]))
+        elif command in ANALYSES:
+            names = ["expcast", "byte_map"] if command == "analyze expcast" else [ANALYSES[command]]
+            runs.analyses.append(_table_run(path, manifest, names))
+        else:
+            raise UserError(f"{path}: report does not know runs of command {command!r} "
+                            f"(generate, timeit, {', '.join(ANALYSES)})")
+    check_comparable(runs.generate)
+    return runs
+
+
+def _generate_run(path: Path, manifest: dict[str, Any]) -> GenerateRun:
+    run = GenerateRun(path, manifest)
+    score_path = path / SCORE_FILE
+    if score_path.is_file():
+        try:
+            run.score = json.loads(score_path.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"{score_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        _check_score(run, score_path)
+    return run
+
+
+def _check_score(run: GenerateRun, score_path: Path) -> None:
+    """A score file must score this run's clips: a copied or stale one would mislabel rows."""
+    rows = run.score.get("rows") if isinstance(run.score, dict) else None
+    if not isinstance(rows, list):
+        raise UserError(f"{score_path}: no 'rows' (write it with vcbench score RUN --json)")
+    clips = {(c["method"], c.get("prompt_id"), c.get("seed")) for c in run.clips()}
+    for row in rows:
+        key = (row.get("method"), row.get("prompt_id"), row.get("seed"))
+        if key not in clips:
+            raise UserError(f"{score_path}: scores clip {'/'.join(map(str, key))}, which {run.path} "
+                            "did not generate")
+
+
+def _table_run(path: Path, manifest: dict[str, Any], names: list[str]) -> TableRun:
+    run = TableRun(path, manifest)
+    for name in names:
+        csv = path / f"{name}.csv"
+        if not csv.is_file():
+            raise UserError(f"{path}: {manifest.get('command')} run has no {csv.name} "
+                            f"(status {manifest.get('status')!r})")
+        run.tables[name] = pd.read_csv(csv)
+    result = path / "result.json"
+    if result.is_file():
+        run.result = json.loads(result.read_text())
+    return run
+
+
+def check_comparable(generate: list[GenerateRun]) -> None:
+    """Runs of one model land in one table: refuse if their clips are not alike."""
+    by_model: dict[str, GenerateRun] = {}
+    for run in generate:
+        first = by_model.setdefault(run.model, run)
+        for key in CLIP_SETTINGS:
+            a, b = first.config.get(key), run.config.get(key)
+            if a != b:
+                shown = (_short(a), _short(b)) if key != "prompts" else ("one prompt set", "another")
+                raise UserError(f"{first.path} and {run.path} are both {run.model} but differ in "
+                                f"{key} ({shown[0]} vs {shown[1]}): one table would compare unlike "
+                                "clips; report them separately")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,256 @@
+"""The report's tables as DataFrames, and their Markdown.
+
+Every mean comes with the number of values behind it and a 95% Student-t interval over them
+(clips, for fidelity and clip time): mean +- t(0.975, n-1) * s / sqrt(n), s the sample
+standard deviation. With one value there is no interval (NaN), never a zero-width one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from vcbench.report.load import GenerateRun, Runs, TableRun
+
+# Direction of "better" for each fidelity metric (the VBench ones are absolute scores).
+METRICS = {"psnr": "max", "ssim": "max", "lpips": "min", "subject_consistency": "max",
+           "imaging_quality": "max"}
+REFERENCE = "bf16"
+
+
+def mean_ci(values) -> tuple[float, float, int]:
+    """(mean, half width of the 95% CI, n) over the values that are not NaN (a NaN is a clip
+    that did not score). An infinite value (PSNR of identical clips) makes the mean infinite
+    and the interval undefined: shown as such, never dropped."""
+    from scipy import stats
+
+    x = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    x = x[~np.isnan(x)]
+    n = len(x)
+    if n == 0:
+        return math.nan, math.nan, 0
+    if n == 1 or not np.all(np.isfinite(x)):
+        return float(np.mean(x)), math.nan, n
+    half = stats.t.ppf(0.975, n - 1) * np.std(x, ddof=1) / math.sqrt(n)
+    return float(np.mean(x)), float(half), n
+
+
+def method_order(name: str) -> tuple[int, str]:
+    from vcbench.kernels import list_methods
+
+    known = list_methods()
+    return (known.index(name) if name in known else len(known), name)
+
+
+def variant(run: GenerateRun, method: str) -> str:
+    """What distinguishes this method's clips from the same method in another run: options the
+    user gave, and the grouping schedule for the methods that group (V-Smooth)."""
+    from vcbench.kernels import get_method
+
+    parts = dict(run.config.get("method_options", {}).get(method) or {})
+    if get_method(method).plan().vsmooth is not None:
+        parts.update(run.config.get("schedule") or {})
+    return ", ".join(f"{k}={v}" for k, v in sorted(parts.items()))
+
+
+def label(method: str, var: str) -> str:
+    return f"{method} [{var}]" if var else method
+
+
+def fidelity(runs: Runs) -> pd.DataFrame:
+    """Long table: one row per (model, method, variant, metric) with mean, CI and n clips."""
+    rows, seen = [], {}
+    for run in runs.generate:
+        if run.score is None:
+            continue
+        metrics = [m for m in run.score.get("metrics", []) if m in METRICS]
+        clip_rows = run.score["rows"]
+        for method in sorted({r["method"] for r in clip_rows}, key=method_order):
+            key = (run.model, method, variant(run, method))
+            if key in seen:
+                from vcbench.errors import UserError
+
+                raise UserError(f"{label(*key[1:])} of {run.model} is scored in both {seen[key]} "
+                                f"and {run.path} with the same settings; give one of them")
+            seen[key] = run.path
+            mine = [r for r in clip_rows if r["method"] == method]
+            for metric in metrics:
+                ok = [r for r in mine if not r.get("error") and not r.get("nonfinite_frames")]
+                mean, half, n = mean_ci(_number(r.get(metric)) for r in ok)
+                rows.append({"model": run.model, "method": method, "variant": key[2],
+                             "metric": metric, "mean": mean, "ci95_half": half,
+                             "ci95_low": mean - half, "ci95_high": mean + half, "n": n,
+                             "n_failed": len(mine) - n, "run": str(run.path)})
+        # One bf16 row per model: a second self-scored run of the model repeats the reference.
+        if not run.score.get("cand") and (run.model, REFERENCE, "") not in seen:
+            seen[(run.model, REFERENCE, "")] = run.path
+            rows += _reference_rows(run, metrics, clip_rows)
+    return pd.DataFrame(rows)
+
+
+def _reference_rows(run: GenerateRun, metrics: list[str], clip_rows: list[dict]) -> list[dict]:
+    """The bf16 row of a run scored against its own bf16 clips: relative metrics are the
+    reference itself (NaN here, 'reference' in the table); absolute (VBench) ones are the bf16
+    clip's own score, which every candidate row carries as `<metric>_ref`."""
+    from vcbench.metrics import ABSOLUTE
+
+    ref_clips = [c for c in run.clips() if c["method"] == REFERENCE and c.get("status") == "ok"]
+    out = []
+    for metric in metrics:
+        mean, half, n = math.nan, math.nan, len(ref_clips)
+        if metric in ABSOLUTE:
+            per_clip = {(r["prompt_id"], r["seed"]): _number(r.get(f"{metric}_ref")) for r in clip_rows}
+            mean, half, n = mean_ci(per_clip.values())
+        out.append({"model": run.model, "method": REFERENCE, "variant": "", "metric": metric,
+                    "mean": mean, "ci95_half": half, "ci95_low": mean - half,
+                    "ci95_high": mean + half, "n": n, "n_failed": 0, "run": str(run.path)})
+    return out
+
+
+def _number(value: Any) -> float:
+    # score.json writes non-finite floats as the strings "nan"/"inf" (standard JSON).
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def clip_time(runs: Runs) -> pd.DataFrame:
+    """Wall clock of one clip per (model, method, variant), and its speedup over the model's
+    bf16 clips (same settings, by the load checks)."""
+    rows = []
+    for run in runs.generate:
+        clips = [c for c in run.clips() if c.get("status") == "ok"]
+        for method in sorted({c["method"] for c in clips}, key=method_order):
+            mean, half, n = mean_ci(c.get("wall_s") for c in clips if c["method"] == method)
+            rows.append({"model": run.model, "method": method, "variant": variant(run, method),
+                         "wall_s": mean, "ci95_half": half, "n": n,
+                         "backend": run.config.get("backend"), "device": run.config.get("device"),
+                         "run": str(run.path)})
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    base = table[(table.method == REFERENCE)].groupby("model").wall_s.first()
+    table["speedup_vs_bf16"] = [base.get(m, math.nan) / w for m, w in zip(table.model, table.wall_s, strict=False)]
+    return table
+
+
+def speedup(runs: Runs) -> pd.DataFrame:
+    """timeit rows of every run, each with the GPU and shape it was measured on."""
+    frames = []
+    for run in runs.timeit:
+        t = run.tables["timeit"].copy()
+        t.insert(0, "gpu", (run.manifest.get("device") or {}).get("gpu", "?"))
+        t.insert(1, "inputs", run.config.get("shape") or run.config.get("tensors"))
+        t["run"] = str(run.path)
+        frames.append(t)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def provenance(runs: Runs) -> pd.DataFrame:
+    rows = []
+    for run in runs.all():
+        c, m = run.config, run.manifest
+        rows.append({
+            "run": str(run.path), "command": run.command, "status": m.get("status"),
+            "model / inputs": c.get("model") or c.get("tensors") or c.get("shape")
+            or (f"beta {c['beta']}" if "beta" in c else "-"),
+            "random_weights": c.get("random_weights", "-"),
+            "steps": c.get("steps", "-"), "frames": c.get("frames", "-"),
+            "size": f"{c['width']}x{c['height']}" if "width" in c else "-",
+            "seeds": ",".join(map(str, c["seeds"])) if "seeds" in c else "-",
+            "prompts": len(c["prompts"]) if "prompts" in c else "-",
+            "backend": c.get("backend", "-"),
+            "device": (m.get("device") or {}).get("gpu") or (m.get("device") or {}).get("cpu", "?"),
+            "scored against": _scored_against(run),
+            "vcbench": m.get("vcbench_version"), "git": (m.get("git_commit") or "?")[:12]
+            + ("+dirty" if str(m.get("git_commit", "")).endswith("+dirty") else ""),
+            "torch": (m.get("libraries") or {}).get("torch"),
+        })
+    return pd.DataFrame(rows)
+
+
+def _scored_against(run) -> str:
+    score = getattr(run, "score", None)
+    if not score:
+        return "-" if not isinstance(run, GenerateRun) else "not scored"
+    return "own bf16" if not score.get("cand") else str(score.get("ref"))
+
+
+def differences(prov: pd.DataFrame) -> list[str]:
+    """What the runs differ in, said in words for the top of the report: clip settings among
+    the generate runs, versions among all runs."""
+    notes = []
+    gen = prov[prov.command == "generate"]
+    for frame, columns in ((gen, ("model / inputs", "steps", "frames", "size", "seeds")),
+                           (prov, ("vcbench", "git", "torch", "device"))):
+        for column in columns:
+            values = sorted({str(v) for v in frame[column] if str(v) != "-"})
+            if len(values) > 1:
+                notes.append(f"runs differ in {column}: {', '.join(values)}")
+    return notes
+
+
+# --- Markdown --------------------------------------------------------------------------------
+
+def fmt(value: float, digits: int = 4) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a" if value is None or math.isnan(value) else str(value)
+    return f"{value:.{digits}g}"
+
+
+def fidelity_wide(long: pd.DataFrame, model: str, marked: bool = True) -> pd.DataFrame:
+    """One row per method of `model`: 'mean ± half' per metric, plus n clips. With `marked`,
+    best bold and second underlined (Markdown) per column among the low-bit methods; bf16 is
+    the reference and shows 'reference' for the metrics measured against it."""
+    mine = long[long.model == model]
+    metrics = [m for m in METRICS if m in set(mine.metric)]
+    keys = sorted({(r.method, r.variant) for r in mine.itertuples()},
+                  key=lambda k: (method_order(k[0]), k[1]))
+    table = pd.DataFrame({"method": [label(*k) for k in keys]})
+    table["clips"] = [int(mine[(mine.method == k[0]) & (mine.variant == k[1])].n.max()) for k in keys]
+    for metric in metrics:
+        cells, means = [], []
+        for k in keys:
+            r = mine[(mine.method == k[0]) & (mine.variant == k[1]) & (mine.metric == metric)]
+            mean, half = (r["mean"].iloc[0], r.ci95_half.iloc[0]) if len(r) else (math.nan, math.nan)
+            means.append(mean)
+            if k[0] == REFERENCE and not math.isfinite(mean):
+                cells.append("reference")
+            else:
+                cells.append(fmt(mean) + ("" if not math.isfinite(half) else f" ± {fmt(half, 2)}"))
+        order = _rank(means, METRICS[metric], [k[0] == REFERENCE for k in keys])
+        if marked and len(order) > 0:
+            cells[order[0]] = f"**{cells[order[0]]}**"
+        if marked and len(order) > 1:
+            cells[order[1]] = f"<u>{cells[order[1]]}</u>"
+        table[metric] = cells
+    return table
+
+
+def _rank(means: list[float], direction: str, is_reference: list[bool]) -> list[int]:
+    idx = [i for i, m in enumerate(means) if math.isfinite(m) and not is_reference[i]]
+    return sorted(idx, key=lambda i: -means[i] if direction == "max" else means[i])
+
+
+def markdown(df: pd.DataFrame, digits: int = 4) -> str:
+    """A GitHub Markdown table; floats to `digits` significant digits."""
+    def cell(v):
+        if isinstance(v, (float, np.floating)):
+            return fmt(float(v), digits)
+        return str(v).replace("|", "\\|")
+
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
+
+
+def analysis_table(run: TableRun) -> pd.DataFrame:
+    if run.kind == "expcast":
+        t = run.tables["expcast"]
+        return pd.DataFrame({"quantity": t.columns, "value": t.iloc[0].values})
+    return run.tables[run.kind]
