@@ -17,7 +17,9 @@ STEPS = 3  # MiniMax-H3's scheduler evaluates the transformer steps - 1 = 2 time
 
 def _save_tiny_minimax(path):
     from diffusers import MiniMaxH3Scheduler, MiniMaxH3Transformer3DModel
-    from diffusers.modular_pipelines.minimax_h3.modular_blocks_minimax_h3 import MiniMaxH3CoreDenoiseStep
+    from diffusers.modular_pipelines.minimax_h3.modular_blocks_minimax_h3 import (
+        MiniMaxH3CoreDenoiseStep,
+    )
 
     torch.manual_seed(0)
     transformer = MiniMaxH3Transformer3DModel(
@@ -33,7 +35,9 @@ def _save_tiny_minimax(path):
 
 def _denoise(pipe):
     """The t2va denoise workflow of diffusers' MiniMax-H3 blocks on the loaded components."""
-    from diffusers.modular_pipelines.minimax_h3.modular_blocks_minimax_h3 import MiniMaxH3CoreDenoiseStep
+    from diffusers.modular_pipelines.minimax_h3.modular_blocks_minimax_h3 import (
+        MiniMaxH3CoreDenoiseStep,
+    )
 
     run = MiniMaxH3CoreDenoiseStep().init_pipeline()
     run.update_components(transformer=pipe.transformer, scheduler=pipe.scheduler,
