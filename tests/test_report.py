@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -106,14 +107,31 @@ def test_report_rows_and_cis_of_two_runs(tmp_path):
     md = (tmp_path / "out" / "report.md").read_text()
     # One row per method, bf16 as the reference, the best low-bit PSNR in bold.
     assert "| bf16 | 4 | reference | reference |" in md
-    vc = f"{psnr.loc['vc-8bit', 'mean']:.4g} ± {psnr.loc['vc-8bit', 'ci95_half']:.2g}"
-    assert f"| vc-8bit | 4 | **{vc}** |" in md
+    cell = re.search(r"\| vc-8bit \| 4 \| \*\*([\d.]+) ± ([\d.]+)\*\* \|", md)
+    assert cell, md
+    assert float(cell[1]) == pytest.approx(psnr.loc["vc-8bit", "mean"], abs=0.051)
+    assert float(cell[2]) == pytest.approx(psnr.loc["vc-8bit", "ci95_half"], abs=0.051)
     assert "<u>" in md  # the second best, underlined
     assert "## ExpCast-FP8 vs exp-then-cast (Figure 5)" in md
     assert list(report.main.method) == ["bf16", "fp8-fa4", "vc-8bit"]
     clip = pd.read_csv(tmp_path / "out" / "clip_time.csv").set_index("method")
     assert clip.loc["bf16", "wall_s"] == pytest.approx(np.mean([1.4, 1.4, 1.45, 1.45]))
-    assert "emulated in PyTorch" in md  # a CPU emulation's wall clock is not sold as speed
+    # A CPU emulation's wall clock is not sold as speed: no speedup, no speedup figure.
+    assert "emulated in PyTorch" in md and clip.speedup_vs_bf16.isna().all()
+    assert not (tmp_path / "out" / "speedup.png").exists()
+
+
+def make_timeit_run(root: Path) -> Path:
+    """A timeit run folder as `vcbench timeit` writes it (its RunFolder and table)."""
+    from vcbench.runs import RunFolder
+
+    table = pd.DataFrame({"method": ["bf16", "sage2-8bit", "vc-8bit"],
+                          "implementation": ["cudnn-sdpa", "vcbench-triton", "vcbench-triton"],
+                          "attention_ms": [200.0, 180.0, 125.0]})
+    table["speedup_vs_bf16"] = 200.0 / table.attention_ms
+    with RunFolder.create(root, "timeit", {"methods": list(table.method), "shape": "wan22-720p"}) as run:
+        run.table("timeit", table)
+    return root
 
 
 def test_figures_are_real_images(tmp_path):
@@ -121,7 +139,10 @@ def test_figures_are_real_images(tmp_path):
 
     gen = make_generate_run(tmp_path / "gen")
     analyze_expcast_command(-0.35, out=tmp_path / "expcast")
-    build_report([gen, tmp_path / "expcast"], tmp_path / "out")
+    timeit = make_timeit_run(tmp_path / "timeit")
+    build_report([gen, tmp_path / "expcast", timeit], tmp_path / "out")
+    speed = pd.read_csv(tmp_path / "out" / "speedup.csv").set_index("method")
+    assert speed.loc["vc-8bit", "speedup_vs_bf16"] == pytest.approx(1.6)
     for name in ("psnr_per_model.png", "speedup.png", "frame_strip_tiny-wan.png", "fig5_expcast.png"):
         image = read_png(tmp_path / "out" / name)
         assert image.shape[0] > 150 and image.shape[1] > 300, name
@@ -129,7 +150,7 @@ def test_figures_are_real_images(tmp_path):
         assert len(np.unique(image.reshape(-1, 3), axis=0)) > 50, name
         assert (image < 200).any(axis=-1).mean() > 0.02, name
     md = (tmp_path / "out" / "report.md").read_text()
-    for name in ("psnr_per_model.png", "frame_strip_tiny-wan.png", "fig5_expcast.png"):
+    for name in ("psnr_per_model.png", "speedup.png", "frame_strip_tiny-wan.png", "fig5_expcast.png"):
         assert f"]({name})" in md
 
 

@@ -91,8 +91,12 @@ def build_report(paths: list[Path], out: Path) -> Report:
                "CUPTI per-launch median of the attention kernel alone (vcbench timeit).", "",
                tables.markdown(speed.drop(columns=["run"])), ""]
     if len(speed) or len(clip):
-        figure(figures.speedup_bars(speed, clip, out / "speedup.png", _clip_note(clip) if len(clip) else ""),
-               "speedup over bf16")
+        drawn = figures.speedup_bars(speed, clip, out / "speedup.png",
+                                     _clip_note(clip) if len(clip) else "")
+        figure(drawn, "speedup over bf16")
+        if drawn is None:
+            md += ["No speedup figure: the only times here are of emulated methods. Kernel "
+                   "speedups need a GPU (`vcbench timeit`, `make fig6`).", ""]
     for model in dict.fromkeys(r.model for r in runs.generate):
         strip = _frame_strip([r for r in runs.generate if r.model == model], out)
         if strip is not None:
@@ -120,7 +124,7 @@ def _clip_note(clip: pd.DataFrame) -> str:
     if set(clip.backend) == {"emulate"} or set(clip.device) == {"cpu"}:
         return ("Wall clock of one clip with the methods **emulated in PyTorch** "
                 f"({', '.join(sorted(set(clip.device)))}): this times the emulation, not a kernel; "
-                "it says nothing about the speed of a method.")
+                "it says nothing about the speed of a method, so no speedup is derived from it.")
     return "Wall clock of one clip (CUDA-synchronized around the call, model loading excluded)."
 
 

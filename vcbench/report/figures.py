@@ -38,25 +38,32 @@ def _bars(ax, names, values, errors=None, color="#4878a8"):
 
 
 def metric_per_model(long: pd.DataFrame, metric: str, path: Path, note: str) -> Path | None:
-    """Mean of one metric per method (error bar: 95% CI over clips), one panel per model."""
-    data = long[long.metric == metric]
+    """Mean of one metric per method with its 95% CI over clips, one panel per model. Points,
+    not bars: PSNR has no meaningful zero, and the differences are what the table is about.
+    The bf16 reference (no value against itself) is left out."""
+    data = long[(long.metric == metric) & np.isfinite(long["mean"])]
     models = list(dict.fromkeys(data.model))
     if not models:
         return None
-    fig, axes = plt.subplots(1, len(models), figsize=(max(5, 1 + 0.7 * data.shape[0] / len(models)) * len(models), 3.6),
+    widest = max(int((data.model == m).sum()) for m in models)
+    fig, axes = plt.subplots(1, len(models), figsize=((1.5 + 0.75 * widest) * len(models), 3.8),
                              squeeze=False)
-    for ax, model in zip(axes[0], models, strict=False):
+    for ax, model in zip(axes[0], models, strict=True):
         rows = data[data.model == model].copy()
         rows["order"] = [method_order(m) for m in rows.method]
         rows = rows.sort_values(["order", "variant"])
-        _bars(ax, [label(m, v) for m, v in zip(rows.method, rows.variant, strict=False)], rows["mean"],
-              rows.ci95_half)
-        for i, (mean, n) in enumerate(zip(rows["mean"], rows.n, strict=False)):
-            ax.annotate(f"{mean:.3g}\nn={n}", (i, mean), ha="center", va="bottom", fontsize=7,
-                        xytext=(0, 2), textcoords="offset points")
+        x = np.arange(len(rows))
+        err = [0 if not math.isfinite(e) else e for e in rows.ci95_half]
+        ax.errorbar(x, rows["mean"], yerr=err, fmt="o", capsize=4, color="#4878a8")
+        for i, (mean, n) in enumerate(zip(rows["mean"], rows.n, strict=True)):
+            ax.annotate(f"{mean:.4g}\nn={n}", (i, mean), ha="left", va="center", fontsize=7,
+                        xytext=(6, 0), textcoords="offset points")
+        ax.set_xticks(x, [label(m, v) for m, v in zip(rows.method, rows.variant, strict=True)],
+                      rotation=35, ha="right", fontsize=8)
+        ax.set_xlim(-0.5, len(rows) - 0.2)
         ax.set_title(model, fontsize=10)
         ax.set_ylabel(f"{metric} vs bf16 (mean, 95% CI)")
-        ax.margins(y=0.2)
+        ax.grid(axis="y", alpha=0.3)
     fig.suptitle(note, fontsize=8)
     return save(fig, path)
 
@@ -67,6 +74,9 @@ def speedup_bars(speed: pd.DataFrame, clip: pd.DataFrame, path: Path, note: str)
     for (gpu, inputs), rows in (speed.groupby(["gpu", "inputs"], sort=False) if len(speed) else []):
         panels.append((f"attention: {gpu}\n{inputs}", list(rows.method), list(rows.speedup_vs_bf16)))
     for model, rows in (clip.groupby("model", sort=False) if len(clip) else []):
+        rows = rows[np.isfinite(rows.speedup_vs_bf16)]  # emulated clips have no speedup
+        if rows.empty:
+            continue
         where = ", ".join(sorted({f"{b} on {d}" for b, d in zip(rows.backend, rows.device, strict=False)}))
         panels.append((f"clip wall clock: {model}\n({where})",
                        [label(m, v) for m, v in zip(rows.method, rows.variant, strict=False)],
@@ -91,7 +101,7 @@ def frame_strip(rows: list[tuple[str, np.ndarray]], indices: list[int], path: Pa
     carries that clip's PSNR."""
     cols = len(indices)
     h, w = rows[0][1].shape[1:3]
-    fig, axes = plt.subplots(len(rows), cols, squeeze=False,
+    fig, axes = plt.subplots(len(rows), cols, squeeze=False, layout="constrained",
                              figsize=(1.9 * cols * w / max(h, w) + 1.5, 1.9 * len(rows) * h / max(h, w) + 0.6))
     for r, (name, frames) in enumerate(rows):
         for c, t in enumerate(indices):

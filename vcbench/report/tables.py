@@ -133,8 +133,10 @@ def clip_time(runs: Runs) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     if table.empty:
         return table
+    # An emulated method's wall clock times PyTorch, not a kernel: no speedup is derived from it.
     base = table[(table.method == REFERENCE)].groupby("model").wall_s.first()
-    table["speedup_vs_bf16"] = [base.get(m, math.nan) / w for m, w in zip(table.model, table.wall_s, strict=False)]
+    table["speedup_vs_bf16"] = [math.nan if b == "emulate" else base.get(m, math.nan) / w
+                                for m, w, b in zip(table.model, table.wall_s, table.backend, strict=True)]
     return table
 
 
@@ -202,6 +204,17 @@ def fmt(value: float, digits: int = 4) -> str:
     return f"{value:.{digits}g}"
 
 
+def fmt_ci(mean: float, half: float) -> str:
+    """'mean ± half' with both to the decimal of the half width's second significant digit,
+    so an SSIM of 0.99996 ± 2e-06 does not print as '1 ± 2e-06'."""
+    if not (math.isfinite(mean) and math.isfinite(half)) or half <= 0:
+        return fmt(mean)
+    decimals = max(0, 1 - math.floor(math.log10(half)))
+    if 0 < abs(mean) < 1e-3:  # tiny numbers (LPIPS near 0) read better in exponent form
+        return f"{mean:.3e} ± {half:.1e}"
+    return f"{mean:.{decimals}f} ± {half:.{decimals}f}"
+
+
 def fidelity_wide(long: pd.DataFrame, model: str, marked: bool = True) -> pd.DataFrame:
     """One row per method of `model`: 'mean ± half' per metric, plus n clips. With `marked`,
     best bold and second underlined (Markdown) per column among the low-bit methods; bf16 is
@@ -221,7 +234,7 @@ def fidelity_wide(long: pd.DataFrame, model: str, marked: bool = True) -> pd.Dat
             if k[0] == REFERENCE and not math.isfinite(mean):
                 cells.append("reference")
             else:
-                cells.append(fmt(mean) + ("" if not math.isfinite(half) else f" ± {fmt(half, 2)}"))
+                cells.append(fmt_ci(mean, half))
         order = _rank(means, METRICS[metric], [k[0] == REFERENCE for k in keys])
         if marked and len(order) > 0:
             cells[order[0]] = f"**{cells[order[0]]}**"
