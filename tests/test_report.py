@@ -192,6 +192,14 @@ def test_same_method_twice_is_refused_unless_the_schedule_differs(tmp_path):
     assert "| vc-8bit | 4 |" in md
 
 
+def test_score_against_a_non_bf16_reference_is_refused(tmp_path):
+    a = make_generate_run(tmp_path / "a")  # holds vc-8bit: score pairs vc-8bit with vc-8bit
+    b = make_generate_run(tmp_path / "b", methods=("vc-8bit",), model="m2", with_score=False)
+    write_outputs(score(a, b, ScoreOptions(["psnr"])), b / "score.json", None)
+    with pytest.raises(UserError, match="against .* vc-8bit clips, not bf16"):
+        build_report([b], tmp_path / "out")
+
+
 def test_score_file_of_another_run_is_refused(tmp_path):
     a = make_generate_run(tmp_path / "a")
     b = make_generate_run(tmp_path / "b", methods=("bf16", "vc-8bit"), model="m2")

@@ -136,6 +136,24 @@ def _check_score(run: GenerateRun, score_path: Path) -> None:
         if key not in clips:
             raise UserError(f"{score_path}: scores clip {'/'.join(map(str, key))}, which {run.path} "
                             "did not generate")
+    _check_reference(run, score_path, rows)
+
+
+def _check_reference(run: GenerateRun, score_path: Path, rows: list[dict]) -> None:
+    """Every row must be scored against a bf16 clip. `vcbench score REF RUN` pairs a method
+    with REF's clips of the same method when REF holds them, which is a rerun check, not
+    fidelity against bf16: such a score would land in the wrong table."""
+    ref_dir = run.score.get("ref") if run.score.get("cand") else None
+    if not ref_dir or not (Path(ref_dir) / "manifest.json").is_file():
+        return  # scored within the run (always against bf16), or REF moved: nothing to check
+    ref_items = read_manifest(ref_dir).get("items", [])
+    method_of = {str(Path(ref_dir) / i["frames_dir"]): i.get("method")
+                 for i in ref_items if isinstance(i, dict) and i.get("frames_dir")}
+    for row in rows:
+        method = method_of.get(str(row.get("ref")))
+        if method is not None and method != "bf16":
+            raise UserError(f"{score_path}: {row.get('method')} is scored against {ref_dir}'s "
+                            f"{method} clips, not bf16; score it against a run holding bf16 only")
 
 
 def _table_run(path: Path, manifest: dict[str, Any], names: list[str]) -> TableRun:

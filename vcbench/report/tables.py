@@ -84,26 +84,27 @@ def fidelity(runs: Runs) -> pd.DataFrame:
                              "metric": metric, "mean": mean, "ci95_half": half,
                              "ci95_low": mean - half, "ci95_high": mean + half, "n": n,
                              "n_failed": len(mine) - n, "run": str(run.path)})
-        # One bf16 row per model: a second self-scored run of the model repeats the reference.
-        if not run.score.get("cand") and (run.model, REFERENCE, "") not in seen:
+        # One bf16 row per model, from the first scored run (its own bf16 clips, or the bf16
+        # run it was scored against; by the load checks they share prompts, seeds, settings).
+        if (run.model, REFERENCE, "") not in seen:
             seen[(run.model, REFERENCE, "")] = run.path
             rows += _reference_rows(run, metrics, clip_rows)
     return pd.DataFrame(rows)
 
 
 def _reference_rows(run: GenerateRun, metrics: list[str], clip_rows: list[dict]) -> list[dict]:
-    """The bf16 row of a run scored against its own bf16 clips: relative metrics are the
-    reference itself (NaN here, 'reference' in the table); absolute (VBench) ones are the bf16
-    clip's own score, which every candidate row carries as `<metric>_ref`."""
+    """The bf16 row: relative metrics are the reference itself (NaN here, 'reference' in the
+    table); absolute (VBench) ones are the bf16 clip's own score, which every candidate row
+    carries as `<metric>_ref`. n counts the reference clips the rows were scored against."""
     from vcbench.metrics import ABSOLUTE
 
-    ref_clips = [c for c in run.clips() if c["method"] == REFERENCE and c.get("status") == "ok"]
+    scored = [r for r in clip_rows if r.get("ref")]
     out = []
     for metric in metrics:
-        mean, half, n = math.nan, math.nan, len(ref_clips)
+        refs = {r["ref"]: _number(r.get(f"{metric}_ref")) for r in scored}
+        mean, half, n = math.nan, math.nan, len(refs)
         if metric in ABSOLUTE:
-            per_clip = {(r["prompt_id"], r["seed"]): _number(r.get(f"{metric}_ref")) for r in clip_rows}
-            mean, half, n = mean_ci(per_clip.values())
+            mean, half, n = mean_ci(refs.values())
         out.append({"model": run.model, "method": REFERENCE, "variant": "", "metric": metric,
                     "mean": mean, "ci95_half": half, "ci95_low": mean - half,
                     "ci95_high": mean + half, "n": n, "n_failed": 0, "run": str(run.path)})
@@ -193,6 +194,9 @@ def differences(prov: pd.DataFrame) -> list[str]:
             values = sorted({str(v) for v in frame[column] if str(v) != "-"})
             if len(values) > 1:
                 notes.append(f"runs differ in {column}: {', '.join(values)}")
+    for run, status in zip(prov.run, prov.status, strict=True):
+        if status != "ok":  # a failed or interrupted run may be missing clips or rows
+            notes.append(f"run {run} ended with status {status!r}: its tables may be incomplete")
     return notes
 
 
