@@ -67,7 +67,7 @@ def build_report(paths: list[Path], out: Path) -> Report:
     clip = tables.clip_time(runs)
     if len(long):
         csv(long, "fidelity")
-        md += ["## Fidelity against bf16 (Table 2)", "",
+        md += ["## Fidelity against bf16 (Tables 2 and 3)", "",
                "Mean over clips ± half width of the 95% Student-t interval; `clips` is the number "
                "of clips averaged. Bold: best low-bit method of a column, underlined: second.", ""]
         for model in dict.fromkeys(long.model):
