@@ -145,8 +145,8 @@ def kernel_error_figure(table: pd.DataFrame, path: Path, note: str) -> Path:
     ax.set_xticks(x, table.method, rotation=35, ha="right", fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("relative L2 error")
-    ax.legend(fontsize=7)
-    ax.set_title(note, fontsize=8)
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
+    fig.suptitle(note, fontsize=8, y=1.02)
     return save(fig, path)
 
 
