@@ -42,7 +42,7 @@ from torch.overrides import TorchFunctionMode
 
 from vcbench.errors import UserError
 from vcbench.kernels import attention, get_method
-from vcbench.kernels.vsmooth import GroupingSchedule, Grouping, group
+from vcbench.kernels.vsmooth import Grouping, GroupingSchedule, group
 
 # Options of the patch itself (the rest go to the method).
 SCHEDULE_OPTIONS = {
