@@ -83,6 +83,7 @@ GEN       = $(if $(filter tiny,$(MODEL)),$(GEN_tiny),$(GEN_real))
 # VBench's two dimensions need their weights (VBENCH_CACHE_DIR); the tiny run scores without.
 METRICS   = $(if $(filter tiny,$(MODEL)),psnr$(,)ssim$(,)lpips,psnr$(,)ssim$(,)lpips$(,)subject_consistency$(,)imaging_quality)
 , := ,
+VBENCH    = $(or $(VBENCH_CACHE_DIR),$(HOME)/.cache/vbench)
 HAS_GPU   = $(BIN)/python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'
 define need_model
 	@test -n "$(MODEL_$(MODEL))" || { echo "error: MODEL=$(MODEL) is not one of tiny, wan22, hunyuan15, minimax-h3, longcat" >&2; exit 2; }
@@ -94,6 +95,8 @@ T2 = results/table2-$(MODEL)-$(GPU)
 table2: setup
 	$(need_model)
 	@test -n "$(METHODS_$(GPU))" || { echo "error: GPU=$(GPU) is not one of datacenter, workstation" >&2; exit 2; }
+	@test "$(MODEL)" = tiny || for f in dino_model/dino_vitbase16_pretrain.pth pyiqa_model/musiq_spaq_ckpt-358bb6af.pth; do \
+	    test -f "$(VBENCH)/$$f" || { echo "error: make table2 scores VBench's two dimensions and needs $(VBENCH)/$$f (set VBENCH_CACHE_DIR)" >&2; exit 2; }; done
 	$(BIN)/vcbench generate $(GEN) --methods bf16 --out $(T2)/bf16
 	$(BIN)/vcbench generate $(GEN) --methods $(METHODS_$(GPU)) --out $(T2)/generate
 	$(BIN)/vcbench generate $(GEN) --methods $(HADAMARD_$(GPU)) \
