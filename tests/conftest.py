@@ -1,7 +1,12 @@
 import math
+import os
 
-import pytest
-import torch
+# As `import vcbench` does, and before torch loads (libgomp reads it once): spinning OpenMP
+# threads make the suite several times slower on the shared 2-core machine; same arithmetic.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 def reference_attention(q, k, v):

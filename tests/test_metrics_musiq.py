@@ -24,16 +24,6 @@ from vcbench.metrics.vbench import (
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two threads on two shared, busy cores make a MUSIQ forward ~10x slower (each parallel
-    region waits for a descheduled thread); one thread keeps this file to seconds."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def musiq_state():
     torch.manual_seed(0)
