@@ -135,7 +135,7 @@ def _frame_strip(runs: list[GenerateRun], out: Path) -> Path | None:
 
     by_key: dict[tuple, dict] = {}  # (prompt_id, seed) -> row label -> (run, clip row)
     for run in runs:
-        psnr = {(r.get("method"), r.get("prompt_id"), r.get("seed")): tables._number(r.get("psnr"))
+        psnr = {(r.get("method"), r.get("prompt_id"), r.get("seed")): tables.as_float(r.get("psnr"))
                 for r in (run.score or {}).get("rows", [])}
         for c in run.clips():
             if c.get("status") != "ok" or not c.get("frames_dir"):

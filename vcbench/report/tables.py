@@ -79,7 +79,7 @@ def fidelity(runs: Runs) -> pd.DataFrame:
             mine = [r for r in clip_rows if r["method"] == method]
             for metric in metrics:
                 ok = [r for r in mine if not r.get("error") and not r.get("nonfinite_frames")]
-                mean, half, n = mean_ci(_number(r.get(metric)) for r in ok)
+                mean, half, n = mean_ci(as_float(r.get(metric)) for r in ok)
                 rows.append({"model": run.model, "method": method, "variant": key[2],
                              "metric": metric, "mean": mean, "ci95_half": half,
                              "ci95_low": mean - half, "ci95_high": mean + half, "n": n,
@@ -101,7 +101,7 @@ def _reference_rows(run: GenerateRun, metrics: list[str], clip_rows: list[dict])
     scored = [r for r in clip_rows if r.get("ref")]
     out = []
     for metric in metrics:
-        refs = {r["ref"]: _number(r.get(f"{metric}_ref")) for r in scored}
+        refs = {r["ref"]: as_float(r.get(f"{metric}_ref")) for r in scored}
         mean, half, n = math.nan, math.nan, len(refs)
         if metric in ABSOLUTE:
             mean, half, n = mean_ci(refs.values())
@@ -111,7 +111,7 @@ def _reference_rows(run: GenerateRun, metrics: list[str], clip_rows: list[dict])
     return out
 
 
-def _number(value: Any) -> float:
+def as_float(value: Any) -> float:
     # score.json writes non-finite floats as the strings "nan"/"inf" (standard JSON).
     try:
         return float(value)
