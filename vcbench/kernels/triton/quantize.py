@@ -31,11 +31,10 @@ def _mul_rn(a, b):
 
 
 @triton.jit
-def _quantize_rows(X, Perm, Mean, Out, Scale, n, n_pad, stride_b, stride_h, stride_n, H,
-                   multiplier, ROWS: tl.constexpr, D: tl.constexpr, FMT: tl.constexpr,
-                   HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr):
-    group = tl.program_id(0)
-    bh = tl.program_id(1)
+def _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
+               D: tl.constexpr, HAS_PERM: tl.constexpr):
+    """Tokens group*ROWS .. +ROWS of one (batch, head) as FP32, gathered through the
+    permutation when there is one; rows past n (padding) read as zero."""
     b = bh // H
     h = bh % H
     rows = group * ROWS + tl.arange(0, ROWS)
@@ -46,6 +45,17 @@ def _quantize_rows(X, Perm, Mean, Out, Scale, n, n_pad, stride_b, stride_h, stri
         src = tl.load(Perm + bh * n + rows, mask=valid, other=0)
     x = tl.load(X + b * stride_b + h * stride_h + src[:, None] * stride_n + cols[None, :],
                 mask=valid[:, None], other=0.0).to(tl.float32)
+    return x, rows, cols, valid
+
+
+@triton.jit
+def _quantize_rows(X, Perm, Mean, Out, Scale, n, n_pad, stride_b, stride_h, stride_n, H,
+                   multiplier, ROWS: tl.constexpr, D: tl.constexpr, FMT: tl.constexpr,
+                   HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr):
+    group = tl.program_id(0)
+    bh = tl.program_id(1)
+    x, rows, cols, valid = _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H,
+                                      ROWS, D, HAS_PERM)
     if MULTIPLY:
         x = x * multiplier
     if HAS_MEAN:
@@ -75,17 +85,9 @@ def _v_block_stats(X, Perm, Means, BlockAmax, n, stride_b, stride_h, stride_n, H
                    DEMEAN: tl.constexpr):
     block = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
     n_blocks = tl.num_programs(0)
-    rows = block * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, D)
-    valid = rows < n
-    src = rows
-    if HAS_PERM:
-        src = tl.load(Perm + bh * n + rows, mask=valid, other=0)
-    x = tl.load(X + b * stride_b + h * stride_h + src[:, None] * stride_n + cols[None, :],
-                mask=valid[:, None], other=0.0).to(tl.float32)
+    x, rows, cols, valid = _load_rows(X, Perm, block, bh, n, stride_b, stride_h, stride_n, H,
+                                      ROWS, D, HAS_PERM)
     if DEMEAN:
         count = tl.minimum(n - block * ROWS, ROWS).to(tl.float64)
         mean = (tl.sum(x.to(tl.float64), 0) / count).to(tl.float32)
@@ -100,17 +102,9 @@ def _quantize_v(X, Perm, Means, Scale, OutT, StoredMeans, n, n_pad, stride_b, st
                 DEMEAN: tl.constexpr, PER_BLOCK: tl.constexpr):
     block = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
     n_blocks = tl.num_programs(0)
-    rows = block * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, D)
-    valid = rows < n
-    src = rows
-    if HAS_PERM:
-        src = tl.load(Perm + bh * n + rows, mask=valid, other=0)
-    x = tl.load(X + b * stride_b + h * stride_h + src[:, None] * stride_n + cols[None, :],
-                mask=valid[:, None], other=0.0).to(tl.float32)
+    x, rows, cols, valid = _load_rows(X, Perm, block, bh, n, stride_b, stride_h, stride_n, H,
+                                      ROWS, D, HAS_PERM)
     if PER_BLOCK:  # fp8-fa4: one scale per block of tokens, all channels
         amax = tl.max(tl.max(tl.abs(x), 1), 0)
         scale_b = amax * (1.0 / 448.0)
