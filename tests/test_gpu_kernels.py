@@ -83,3 +83,10 @@ def test_backend_gpu_through_the_public_api(method):
     assert rel_l2(out, reference_attention(q, k, v)) < (0.01 if method == "bf16" else 0.08)
     auto = vcbench.attention(q, k, v, method, backend="auto")
     assert torch.equal(auto, out) or method == "bf16"
+
+
+def test_auto_falls_back_to_emulation_for_options_without_a_kernel():
+    q, k, v = inputs("normal", 512, 128, 11)
+    auto = vcbench.attention(q, k, v, "sage2-8bit", backend="auto", accum="fp22")
+    emulated = vcbench.attention(q, k, v, "sage2-8bit", backend="emulate", accum="fp22")
+    assert torch.equal(auto, emulated)

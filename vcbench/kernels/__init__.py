@@ -75,8 +75,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
     opts = m.resolve(options)
     from vcbench.kernels import gpu
 
-    if backend == "auto":
-        backend = "gpu" if q.is_cuda and gpu.implementation(m) is not None else "emulate"
+    if backend == "auto":  # the GPU when it has a kernel for these very options
+        runnable = gpu.implementation(m) is not None and (
+            m.name == "bf16" or gpu.unsupported_reason(m.build(opts)) is None)
+        backend = "gpu" if q.is_cuda and runnable else "emulate"
     if backend == "gpu" and gpu.implementation(m) is None:
         raise UserError(f"no GPU kernel for {m.name!r} on this machine "
                         f"(backends here: {', '.join(available_backends(m))})")
