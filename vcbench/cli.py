@@ -278,6 +278,53 @@ def capture(
         console.print(str(path))
 
 
+# --- vcbench train-tiny / check-tiny -----------------------------------------------------------
+
+@app.command("train-tiny")
+def train_tiny(
+    out: Path = typer.Option(..., "--out", help="Folder for toywan.safetensors, card.md, loss.png."),
+    steps: int = typer.Option(6000, "--steps"),
+    batch: int = typer.Option(64, "--batch"),
+    lr: float = typer.Option(1e-3, "--lr"),
+    seed: int = typer.Option(0, "--seed"),
+    data_seed: int = typer.Option(0, "--data-seed"),
+    device: str = typer.Option("cpu", "--device"),
+    layers: int = typer.Option(3, "--layers"),
+    max_seconds: float = typer.Option(None, "--max-seconds", help="Stop (and anneal) by this time."),
+    workers: int = typer.Option(0, "--workers", help="DataLoader workers rendering clips."),
+    check: bool = typer.Option(True, "--check/--no-check", help="Run the caption check at the end."),
+) -> None:
+    """Train the tiny Wan on ToyVideo (flow matching) and write weights + model card."""
+    from vcbench.pipelines.train_tiny import train
+
+    train(out, steps, batch, lr, seed, data_seed, device, layers, max_seconds=max_seconds,
+          workers=workers, check=check)
+    console.print(f"weights and card in {out}")
+
+
+@app.command("check-tiny")
+def check_tiny(
+    weights: Path = typer.Option(None, "--weights", help="ToyWan safetensors (default: the packaged one)."),
+    random: bool = typer.Option(False, "--random", help="The same config at a seeded random init."),
+    device: str = typer.Option(None, "--device"),
+    json: Path = _JSON,
+) -> None:
+    """Caption check: named colour present and moving the named way, 20 held-out captions."""
+    import json as json_lib
+
+    import pandas as pd
+
+    from vcbench.display import print_table
+    from vcbench.pipelines.check_tiny import check_weights
+
+    result = check_weights(weights, random, device)
+    print_table(pd.DataFrame(result["clips"]), title="caption check")
+    console.print(f"passed {result['score']:.2f} (colour {result['colour']:.2f}, direction "
+                  f"{result['direction']:.2f}; required {result['required']:.2f} for trained weights)")
+    if json is not None:
+        json.write_text(json_lib.dumps(result, indent=1))
+
+
 # --- vcbench report ----------------------------------------------------------------------------
 
 @app.command()

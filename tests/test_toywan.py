@@ -1,0 +1,118 @@
+"""ToyVideo data, the caption check, the patchify VAE in WanPipeline, and the trainer (tiny runs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vcbench.cli import main
+from vcbench.errors import UserError
+from vcbench.pipelines import toyvideo, toywan
+from vcbench.pipelines.check_tiny import check_clip
+from vcbench.pipelines.train_tiny import train
+
+
+def uint8(clip: np.ndarray) -> np.ndarray:
+    return np.round(clip * 255).astype(np.uint8)
+
+
+def test_toyvideo_is_a_function_of_seed_and_step():
+    a, ca = toyvideo.ToyVideo(3).batch(5, 3)
+    b, cb = toyvideo.ToyVideo(3).batch(5, 3)
+    c, _ = toyvideo.ToyVideo(3).batch(6, 3)
+    assert a.shape == (3, toyvideo.FRAMES, toyvideo.SIZE, toyvideo.SIZE, 3)
+    assert np.array_equal(a, b) and ca == cb
+    assert not np.array_equal(a, c)
+
+
+def test_held_out_captions_are_never_trained_on_and_cover_colours_and_directions():
+    train_set, held = toyvideo.split()
+    assert not set(train_set) & set(held)
+    captions = toyvideo.held_out_captions(20)
+    combos = [toyvideo.parse_caption(c) for c in captions]
+    assert {c.colour for c in combos} == set(toyvideo.COLOURS)
+    assert {c.direction for c in combos} == set(toyvideo.DIRECTIONS)
+    assert all(c.colour != c.background for c in combos)
+
+
+def test_tokenize_maps_words_and_unknowns():
+    ids = toyvideo.tokenize("a red disk drifting right over blue stripes")
+    assert [toyvideo.VOCAB[i] for i in ids] == "a red disk drifting right over blue stripes".split()
+    assert toyvideo.tokenize("a purple fox")[:3] == [2, 1, 1]
+    assert toyvideo.tokenize("")[0] == 0
+
+
+def test_parse_caption_refuses_other_text():
+    with pytest.raises(UserError, match="not a toyvideo caption"):
+        toyvideo.parse_caption("a red fox trots through snow")
+    with pytest.raises(UserError, match="same shape and background colour"):
+        toyvideo.parse_caption("a red disk drifting left over red stripes")
+
+
+def test_check_passes_ground_truth_and_fails_wrong_direction_colour_and_noise():
+    rng = np.random.default_rng(0)
+    for combo in toyvideo.split()[1][:12]:
+        clip = uint8(toyvideo.render(combo, rng))
+        assert check_clip(clip, combo.caption).passed, combo.caption
+        # The same clip played backwards moves the opposite way.
+        backwards = check_clip(clip[::-1].copy(), combo.caption)
+        assert backwards.colour_ok and not backwards.direction_ok, combo.caption
+        # A caption naming another colour (not the background's) finds no such shape.
+        other = next(c for c in toyvideo.COLOURS if c not in (combo.colour, combo.background))
+        assert not check_clip(clip, combo.caption.replace(combo.colour, other, 1)).colour_ok
+    noise = rng.integers(0, 256, size=(17, 64, 64, 3), dtype=np.uint8)
+    assert not check_clip(noise, toyvideo.held_out_captions(1)[0]).passed
+
+
+def test_patchify_vae_is_exact_and_keeps_wan_layout():
+    vae = toywan.PatchifyVAE()
+    x = torch.rand(2, 3, 17, 64, 64) * 2 - 1
+    z = vae.encode(x)
+    assert z.shape == (2, vae.config.z_dim, 5, 16, 16)
+    assert torch.equal(vae.decode(z, return_dict=False)[0], x)
+
+
+def test_toywan_runs_through_wan_pipeline_and_padding_is_zero():
+    torch.manual_seed(0)
+    config = dict(transformer=toywan.transformer_config(layers=1), vae={}, shift=3.0)
+    pipe, text = toywan.build_pipeline(config)
+    assert type(pipe).__name__ == "WanPipeline"
+    model = toywan.as_loaded(pipe, text, torch.device("cpu"), torch.float32, random_weights=True)
+    settings = model.defaults.__class__(steps=2, frames=5, height=32, width=32)
+    frames = model.generate("a red disk drifting right over blue stripes", 0, settings)
+    assert frames.shape == (5, 32, 32, 3) and frames.dtype == np.uint8
+    assert torch.count_nonzero(text.encode("")) == 0
+    assert torch.count_nonzero(text.encode("a red disk")[0, 3:]) == 0
+
+
+def test_train_is_deterministic_and_writes_a_loadable_model(tmp_path):
+    runs = [train(tmp_path / name, steps=3, batch=2, layers=1, log_every=1, check=False)
+            for name in ("a", "b")]
+    assert runs[0]["training"]["final_loss"] == runs[1]["training"]["final_loss"]
+    config, tensors = toywan.read(tmp_path / "a" / "toywan.safetensors")
+    _, again = toywan.read(tmp_path / "b" / "toywan.safetensors")
+    assert all(torch.equal(tensors[k], again[k]) for k in tensors)
+    assert config["training"]["steps"] == 3 and config["transformer"]["attention_head_dim"] == 128
+    assert all(v.dtype == torch.bfloat16 for v in tensors.values())
+    for name in ("card.md", "loss.png", "loss.csv"):
+        assert (tmp_path / "a" / name).stat().st_size > 0
+    model = toywan.load_toywan(torch.device("cpu"), torch.float32, tmp_path / "a" / "toywan.safetensors")
+    assert not model.random_weights and model.extra["trained"]["steps"] == 3
+
+
+def test_full_size_weights_fit_in_two_megabytes():
+    pipe, text = toywan.build_pipeline(dict(transformer=toywan.transformer_config(), vae={}, shift=3.0))
+    size = sum(v.numel() * 2 for v in toywan.state_dict(pipe.transformer, text).values())
+    assert size <= 2_000_000
+
+
+def test_cli_bad_input_is_one_error_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["check-tiny", "--weights", str(tmp_path / "missing.safetensors")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().startswith("error: ")
+    with pytest.raises(SystemExit) as e:
+        main(["train-tiny", "--out", str(tmp_path / "t"), "--steps", "0"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("error: ") and "\n" not in err
