@@ -74,10 +74,13 @@ def test_patchify_vae_is_exact_and_keeps_wan_layout():
 
 
 def test_toywan_runs_through_wan_pipeline_and_padding_is_zero():
+    from diffusers import WanTransformer3DModel
+
     torch.manual_seed(0)
-    config = dict(transformer=toywan.transformer_config(layers=1), vae={}, shift=3.0)
+    config = dict(transformer=toywan.transformer_config(layers=1), vae={}, shift=3.0, prediction="x0")
     pipe, text = toywan.build_pipeline(config)
     assert type(pipe).__name__ == "WanPipeline"
+    assert isinstance(pipe.transformer, WanTransformer3DModel)
     model = toywan.as_loaded(pipe, text, torch.device("cpu"), torch.float32, random_weights=True)
     settings = model.defaults.__class__(steps=2, frames=5, height=32, width=32)
     frames = model.generate("a red disk drifting right over blue stripes", 0, settings)
@@ -99,6 +102,21 @@ def test_train_is_deterministic_and_writes_a_loadable_model(tmp_path):
         assert (tmp_path / "a" / name).stat().st_size > 0
     model = toywan.load_toywan(torch.device("cpu"), torch.float32, tmp_path / "a" / "toywan.safetensors")
     assert not model.random_weights and model.extra["trained"]["steps"] == 3
+
+
+def test_x_prediction_returns_the_velocity_of_its_clean_estimate():
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    net = toywan.XPredWanTransformer(**toywan.transformer_config(layers=1)).eval()
+    xt = torch.randn(2, net.config.in_channels, 2, 4, 4)
+    t = torch.tensor([700.0, 20.0])  # the second below SIGMA_MIN * 1000: clamped
+    text = torch.randn(2, 3, toywan.TEXT_DIM)
+    with torch.no_grad():
+        v = net(xt, t, text, return_dict=False)[0]
+        x0 = WanTransformer3DModel.forward(net, xt, t, text, return_dict=False)[0]
+    sigma = torch.tensor([0.7, toywan.SIGMA_MIN]).view(-1, 1, 1, 1, 1)
+    torch.testing.assert_close(xt - sigma * v, x0, rtol=1e-4, atol=1e-5)
 
 
 def test_full_size_weights_fit_in_two_megabytes():

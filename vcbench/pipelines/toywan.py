@@ -12,6 +12,12 @@ Two parts differ from Wan, both so that the whole model fits in 2 MB and trains 
   over blue stripes" must not mean "a blue disk over red stripes"). Padding is all zeros, so
   the empty prompt (CFG's negative) is the all-zero sequence the trainer drops captions to.
 
+- `XPredWanTransformer`: `WanTransformer3DModel` (same modules, same attention) whose network
+  predicts the clean latents; its forward returns the flow velocity (x_t - x_0) / sigma that
+  Wan's scheduler takes. A 768-value patch token read out of a 128-wide model cannot carry
+  the noise a velocity holds, but can carry a clean patch (Li & He 2025, "Back to Basics: Let
+  Denoising Generative Models Denoise"); velocity prediction left speckle in every sample.
+
 One safetensors file holds the transformer (`transformer.*`), the caption embedding
 (`text.*`) and, in its metadata, the JSON config everything is rebuilt from.
 """
@@ -92,6 +98,30 @@ class PatchifyVAE(ModelMixin, ConfigMixin):
         return (video,)
 
 
+SIGMA_MIN = 0.05  # the velocity divides by sigma; the clamp bounds it near the data end
+
+
+def _xpred_class():
+    from diffusers import WanTransformer3DModel
+    from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+    class XPredWanTransformer(WanTransformer3DModel):
+        """The network's output is x_0; forward returns v = (x_t - x_0) / max(sigma, SIGMA_MIN)."""
+
+        def forward(self, hidden_states, timestep, encoder_hidden_states, *args,
+                    return_dict: bool = True, **kwargs):
+            x0 = super().forward(hidden_states, timestep, encoder_hidden_states, *args,
+                                 return_dict=False, **kwargs)[0]
+            sigma = (timestep.float() / 1000).clamp(min=SIGMA_MIN).view(-1, 1, 1, 1, 1)
+            v = ((hidden_states.float() - x0.float()) / sigma).to(x0.dtype)
+            return Transformer2DModelOutput(sample=v) if return_dict else (v,)
+
+    return XPredWanTransformer
+
+
+XPredWanTransformer = _xpred_class()
+
+
 class CaptionEmbedding(nn.Module):
     """Caption -> (1, L, TEXT_DIM): word rows + position rows; padding stays exactly zero."""
 
@@ -137,7 +167,8 @@ def build_pipeline(config: dict, tensors: dict[str, torch.Tensor] | None = None)
     """(WanPipeline, CaptionEmbedding) in float32; `tensors` None keeps the seeded init."""
     from diffusers import WanPipeline, WanTransformer3DModel
 
-    transformer = WanTransformer3DModel(**config["transformer"])
+    cls = XPredWanTransformer if config.get("prediction") == "x0" else WanTransformer3DModel
+    transformer = cls(**config["transformer"])
     text = CaptionEmbedding()
     if tensors is not None:
         def part(prefix):

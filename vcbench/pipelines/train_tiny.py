@@ -5,7 +5,8 @@
 
 Objective, as Wan trains: x_t = (1 - s) x_0 + s n, the transformer predicts n - x_0 at
 timestep 1000 s; s is uniform, warped by the same shift the UniPC sampler uses, so training
-sees the noise levels sampling visits. Captions are dropped to the empty (all-zero) embedding
+sees the noise levels sampling visits. By default the network predicts x_0 and its forward
+returns the velocity (toywan.XPredWanTransformer), so the loss is still Wan's velocity loss. Captions are dropped to the empty (all-zero) embedding
 10% of the time, so classifier-free guidance (WanPipeline's, scale 4) has an unconditional
 model. The saved weights are an EMA of the trained ones, in bf16.
 
@@ -57,12 +58,15 @@ class Batches(torch.utils.data.Dataset):
 def train(out: Path, steps: int = 6000, batch: int = 64, lr: float = 1e-3, seed: int = 0,
           data_seed: int = 0, device: str = "cpu", layers: int = 3, shift: float = 3.0,
           ema: float = 0.999, log_every: int = 100, max_seconds: float | None = None,
-          workers: int = 0, check: bool = True) -> dict:
+          workers: int = 0, check: bool = True, prediction: str = "x0") -> dict:
+    if prediction not in ("x0", "flow"):
+        raise UserError(f"--prediction must be x0 or flow, got {prediction!r}")
     if steps < 1 or batch < 1:
         raise UserError(f"--steps and --batch must be positive, got {steps} and {batch}")
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(device)
-    config = dict(transformer=toywan.transformer_config(layers), vae={}, shift=shift)
+    config = dict(transformer=toywan.transformer_config(layers), vae={}, shift=shift,
+                  prediction=prediction)
     torch.manual_seed(seed)
     pipe, text = toywan.build_pipeline(config)
     model = pipe.transformer.to(dev).train()
@@ -231,11 +235,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-seconds", type=float, default=None)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--no-check", action="store_true")
+    p.add_argument("--prediction", default="x0", help="x0 (default) or flow: what the network outputs")
     a = p.parse_args(argv)
     try:
         train(a.out, a.steps, a.batch, a.lr, a.seed, a.data_seed, a.device, a.layers,
               log_every=a.log_every, max_seconds=a.max_seconds, workers=a.workers,
-              check=not a.no_check)
+              check=not a.no_check, prediction=a.prediction)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
