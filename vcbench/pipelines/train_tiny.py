@@ -214,11 +214,13 @@ def describe(dev: torch.device) -> str:
 
 
 def git_commit() -> str:
+    """HEAD's hash, or "unknown" where the tree is no git checkout (a copy on a device)."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=10).stdout.strip()
     except OSError:
         return "unknown"
+    return head if len(head) == 40 and all(c in "0123456789abcdef" for c in head) else "unknown"
 
 
 def main(argv: list[str] | None = None) -> None:
