@@ -87,3 +87,14 @@ def test_run_experiment_file(tmp_path):
     assert r.returncode == 0, r.stderr
     result = json.loads((tmp_path / "out" / "result.json").read_text())
     assert result["beta"] == -0.3
+
+
+def test_timeit_on_a_cpu_machine_says_it_needs_cuda(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = vcbench("timeit", "--shape", "wan22-720p", "--out", str(tmp_path / "t"), cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: timeit needs a CUDA GPU, and this machine has none"
+    assert not (tmp_path / "t").exists()  # refused before any run folder was made

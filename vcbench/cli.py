@@ -136,9 +136,10 @@ def timeit_command(
     """Time attention kernels with CUPTI (per-launch median) beside BF16 in one run."""
     from vcbench.display import print_table, progress_bar
     from vcbench.runs import RunFolder, default_run_dir, write_json
-    from vcbench.timing.timeit import timeit
+    from vcbench.timing.timeit import check_request, timeit
 
     names = _split_list(methods) or []
+    check_request(names, shape, str(tensors) if tensors else None)
     config = {"methods": names, "shape": None if tensors else shape,
               "tensors": str(tensors) if tensors else None, "warmup_s": warmup_s,
               "window_s": window_s}

@@ -92,12 +92,19 @@ def time_method(name: str, x: Inputs, warmup_s: float, window_s: float) -> dict:
     return row
 
 
-def timeit(methods: list[str], shape: str | None = None, tensors: str | None = None,
-           warmup_s: float = 20.0, window_s: float = 10.0, progress=None) -> tuple[pd.DataFrame, str]:
+def check_request(methods: list[str], shape: str | None, tensors: str | None) -> None:
+    """Everything that can be refused before any work: no GPU, unknown names."""
     if not torch.cuda.is_available():
         raise UserError("timeit needs a CUDA GPU, and this machine has none")
     for m in methods:
         get_method(m)
+    if tensors is None and shape not in PRESETS:
+        raise UserError(f"unknown shape {shape!r} (presets: {', '.join(PRESETS)})")
+
+
+def timeit(methods: list[str], shape: str | None = None, tensors: str | None = None,
+           warmup_s: float = 20.0, window_s: float = 10.0, progress=None) -> tuple[pd.DataFrame, str]:
+    check_request(methods, shape, tensors)
     if "bf16" not in methods:
         methods = ["bf16", *methods]  # every speedup is against BF16 measured in this run
     x = make_inputs(shape, tensors)
