@@ -86,6 +86,7 @@ def train(out: Path, steps: int = 6000, batch: int = 64, lr: float = 1e-3, seed:
             done = max(done, (time.time() - start) / max_seconds)
         return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, done))))
 
+    commit = git_commit()  # now: others may commit while a long run trains
     g = torch.Generator().manual_seed(seed)
     # Noise is drawn where it is used: a 16M-float randn on one CPU thread costs more than the
     # whole training step on a GPU.
@@ -137,7 +138,7 @@ def train(out: Path, steps: int = 6000, batch: int = 64, lr: float = 1e-3, seed:
     training = dict(steps=done, planned_steps=steps, max_seconds=max_seconds, batch=batch, lr=lr, seed=seed,
                     data_seed=data_seed, shift=shift, ema=ema, drop_caption=DROP_CAPTION,
                     final_loss=round(losses[-1][1], 5), wall_s=round(wall, 1),
-                    device=describe(dev), torch=torch.__version__, commit=git_commit())
+                    device=describe(dev), torch=torch.__version__, commit=commit)
     config["training"] = training
     weights = out / "toywan.safetensors"
     save(weights, config, toywan.state_dict(*averaged))
