@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from vcbench.analysis.variants import parse_variant
-from vcbench.kernels import get_method
+from vcbench.kernels import CALL_OPTIONS, get_method
 from vcbench.kernels.online import finish, prepare, run
 
 
@@ -43,9 +43,9 @@ def method_error(q, k, v, method: str, grid=None, **options) -> dict[str, float]
     m = get_method(method)
     opts = m.resolve(options)
     plan = m.build(opts)
-    call = {key: opts[key] for key in ("permutation", "centroids", "sm_scale") if key in opts}
-    if plan.vsmooth is not None:
-        call["grid"] = opts.get("grid") or grid
+    call = {key: opts[key] for key in CALL_OPTIONS if key in opts}
+    if plan.vsmooth is not None and not call.get("grid"):
+        call["grid"] = grid
     ops = prepare(q, k, v, plan, keep_exact_v=True, **call)
     out, mixed = run(ops, plan)
     n = q.shape[-2]

@@ -21,6 +21,7 @@ import torch
 
 from vcbench.kernels.formats import E4M3
 from vcbench.kernels.granularity import PerChannel, Quantizer
+from vcbench.kernels.online import pad_tokens
 from vcbench.kernels.rotation import rotate
 from vcbench.kernels.vsmooth import (
     ORDERS,
@@ -33,11 +34,6 @@ from vcbench.kernels.vsmooth import (
 
 BLOCK_ROWS = 128
 V_QUANTIZER = Quantizer(E4M3, PerChannel())
-
-
-def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
-    pad = -x.shape[-2] % rows
-    return torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
 
 
 def order_row(v: torch.Tensor, order: str, hadamard_v: bool, grid=None, clusters: int = 32,
@@ -55,7 +51,7 @@ def order_row(v: torch.Tensor, order: str, hadamard_v: bool, grid=None, clusters
     if v.is_cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
-    padded = _pad(permuted, BLOCK_ROWS)
+    padded = pad_tokens(permuted, BLOCK_ROWS)
     if order == "none":
         q = V_QUANTIZER(padded)
         recon = q.dequantize()

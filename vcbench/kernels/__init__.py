@@ -26,7 +26,7 @@ METHODS: dict[str, Method] = {
 LAYOUTS = ("HND", "NHD")
 BACKENDS = ("emulate", "gpu", "auto")
 # Options that are per-call data, not part of the method's plan.
-_CALL_OPTIONS = ("permutation", "grid", "centroids", "sm_scale")
+CALL_OPTIONS = ("permutation", "grid", "centroids", "sm_scale")
 
 
 def list_methods() -> list[str]:
@@ -87,6 +87,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
     if backend == "gpu":
         out = gpu.gpu_attention(q, k, v, m, opts)
     else:
-        call = {name: opts[name] for name in _CALL_OPTIONS if name in opts}
+        call = {name: opts[name] for name in CALL_OPTIONS if name in opts}
         out = emulate(q, k, v, m.build(opts), **call)
     return out.transpose(1, 2) if tensor_layout == "NHD" else out

@@ -11,7 +11,6 @@ so the emulation and the kernel read one declaration. `bf16` runs FlashAttention
 from __future__ import annotations
 
 import importlib.util
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -21,11 +20,11 @@ from vcbench.errors import UserError
 from vcbench.kernels.formats import E4M3, INT8, scale_for
 from vcbench.kernels.granularity import PerBlock, PerChannel
 from vcbench.kernels.method import Method, Plan
+from vcbench.kernels.online import softmax_scale_log2
 from vcbench.kernels.probability import ExpCast, ExpThenCast
 from vcbench.kernels.rotation import rotate
 from vcbench.kernels.vsmooth import group, token_mean
 
-LOG2E = 1.0 / math.log(2.0)
 TILE = 128
 
 
@@ -126,7 +125,7 @@ def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=N
         raise UserError(f"no GPU kernel for this configuration: {reason}")
     b, h, n, d = q.shape
     n_pad = -(-n // TILE) * TILE
-    scale_log2 = (1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)) * LOG2E
+    scale_log2 = softmax_scale_log2(d, sm_scale)
     fmt = tq.FMT_INT8 if plan.q.fmt is INT8 else tq.FMT_E4M3
     code_dtype = torch.int8 if plan.q.fmt is INT8 else torch.float8_e4m3fn
     dev = q.device

@@ -74,7 +74,13 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise UserError("q, k, v must be floating point")
 
 
-def _pad_tokens(x: torch.Tensor, multiple: int) -> torch.Tensor:
+def softmax_scale_log2(head_dim: int, sm_scale: float | None = None) -> float:
+    """softmax_scale * log2(e): what turns Q K^T into log2-domain scores."""
+    return (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)) * LOG2E
+
+
+def pad_tokens(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Zero rows appended so the token count is a multiple of `multiple`."""
     pad = -x.shape[-2] % multiple
     return torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
 
@@ -88,7 +94,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     n, d = q.shape[-2], q.shape[-1]
-    scale_log2 = (1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)) * LOG2E
+    scale_log2 = softmax_scale_log2(d, sm_scale)
     if plan.fold_scale_into_q:  # one FP32 multiply, as the Q quantization kernel does it
         q = q * torch.tensor(scale_log2, dtype=dtype, device=q.device)
 
@@ -110,9 +116,9 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
     if plan.vsmooth is not None and plan.vsmooth.hadamard_v:
         v = rotate(v)
 
-    q = _pad_tokens(q, plan.block_m)
-    k = _pad_tokens(k, plan.block_n)
-    v = _pad_tokens(v, plan.block_n)
+    q = pad_tokens(q, plan.block_m)
+    k = pad_tokens(k, plan.block_n)
+    v = pad_tokens(v, plan.block_n)
 
     score_bias = None
     if plan.smooth_q:
