@@ -68,17 +68,24 @@ def _split_list(text: str | None) -> list[str] | None:
     return [x.strip() for x in text.split(",") if x.strip()] if text else None
 
 
-def _parse_options(items: list[str] | None) -> dict[str, dict]:
-    """--option METHOD.KEY=VALUE (VALUE read as YAML: numbers, booleans, lists)."""
+def _assignment(item: str, flag: str, form: str = "KEY=VALUE") -> tuple[str, object]:
+    """KEY=VALUE with VALUE read as YAML (numbers, booleans, lists); a bad item is a UserError."""
     import yaml
 
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise UserError(f"{flag} expects {form}, got {item!r}")
+    return key, yaml.safe_load(value)
+
+
+def _parse_options(items: list[str] | None) -> dict[str, dict]:
+    """--option METHOD.KEY=VALUE."""
     out: dict[str, dict] = {}
     for item in items or []:
-        target, sep, value = item.partition("=")
+        target, parsed = _assignment(item, "--option", "METHOD.KEY=VALUE")
         method, dot, key = target.partition(".")
-        if not sep or not dot or not method or not key:
+        if not dot or not method or not key:
             raise UserError(f"--option expects METHOD.KEY=VALUE, got {item!r}")
-        parsed = yaml.safe_load(value)
         out.setdefault(method, {})[key] = tuple(parsed) if isinstance(parsed, list) else parsed
     return out
 
@@ -164,17 +171,10 @@ def run_experiment(experiment: Path = typer.Argument(..., help="Experiment YAML 
                    set_: list[str] = typer.Option(None, "--set", help="KEY=VALUE replacing the file's "
                                                   "value (e.g. model_path=DIR), repeatable.")) -> None:
     """Run an experiment file (experiments/*.yaml)."""
-    import yaml
-
     from vcbench.config import load_experiment
     from vcbench.experiments import run as run_loaded
 
-    overrides = {}
-    for item in set_ or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UserError(f"--set expects KEY=VALUE, got {item!r}")
-        overrides[key] = yaml.safe_load(value)
+    overrides = dict(_assignment(item, "--set") for item in set_ or [])
     run_loaded(load_experiment(experiment, overrides))
 
 
