@@ -1,9 +1,15 @@
-"""MiniMax-H3 (diffusers 0.42 modular pipeline) with a tiny random-weight transformer saved to
-disk and loaded back through the `--model-path` loader, then the pipeline's own t2va denoise
-workflow run with the attention patched. The tiny folder has no Qwen3-VL text encoder, video
-or audio VAE (see docs/pipelines.md), so the text conditioning is given as embeddings and the
-denoised latents are compared instead of decoded frames."""
+"""MiniMax-H3 (diffusers 0.42 modular pipeline), random weights saved to disk and loaded back
+through the `--model-path` loader.
 
+Two tiny folders: one with the transformer and schedulers only (the t2va denoise workflow run
+with given text embeddings: routing, LoRA), and a complete one (Qwen3-VL text encoder with 51
+tiny layers, since the pipeline reads hidden state 50, its processor and a byte-level tokenizer
+built here; the video VAE and the audio VAE) that `call_minimax`'s `pipe(prompt=...)` and
+`vcbench generate` run end to end: text encoding, denoising, video and audio decode."""
+
+import json
+
+import numpy as np
 import pytest
 import torch
 
@@ -117,3 +123,133 @@ def test_lora_path_is_refused_for_other_models(tmp_path, capsys):
               "--out", str(tmp_path / "run")])
     assert exit_.value.code == 2
     assert capsys.readouterr().err == "error: --lora-path applies to minimax-h3 only, not tiny-wan\n"
+
+
+# -- the complete pipeline ---------------------------------------------------------------------
+
+# The smallest legal clip: 124 = 17 * 7 + 5 frames (5.2 s at 24 fps, the pipeline's minimum
+# duration), 64x64 (a multiple of its 32-pixel canvas step); 3 steps = 2 transformer calls.
+SMALL = ["--steps", "3", "--frames", "124", "--height", "64", "--width", "64"]
+PROMPT = "a red kite over a grey sea"
+
+
+def _qwen3vl_tokenizer(folder):
+    """Byte-level Qwen2 tokenizer with the vision tokens Qwen3VLProcessor looks up."""
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    folder.mkdir()
+    (folder / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(bytes_to_unicode().values())}))
+    (folder / "merges.txt").write_text("#version: 0.2\n")  # byte-level, no merges
+    tok = Qwen2Tokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), pad_token="<|endoftext|>",
+                         eos_token="<|im_end|>", unk_token=None, bos_token=None)
+    tok.add_special_tokens({"additional_special_tokens": [
+        "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]})
+    return tok
+
+
+def _save_full_minimax(path):
+    from diffusers import (
+        AutoencoderKLMiniMaxH3,
+        AutoencoderKLMiniMaxH3Audio,
+        MiniMaxH3Scheduler,
+        MiniMaxH3Transformer3DModel,
+    )
+    from diffusers.modular_pipelines import MiniMaxH3Blocks
+    from transformers import (
+        Qwen2VLImageProcessor,
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
+        Qwen3VLProcessor,
+    )
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    tok = _qwen3vl_tokenizer(path / "tokenizer-src")
+    ids = {name: tok.convert_tokens_to_ids(f"<|{name}|>") for name in ("image_pad", "video_pad", "vision_start",
+                                                                        "vision_end")}
+    torch.manual_seed(0)
+    # 51 decoder layers (hidden_states[50] is the conditioning), each 32 wide with 2 heads.
+    text_encoder = Qwen3VLForConditionalGeneration(Qwen3VLConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=TEXT_DIM, intermediate_size=32, num_hidden_layers=51,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                          "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=1, out_hidden_size=TEXT_DIM,
+                           patch_size=16, deepstack_visual_indexes=[0], num_position_embeddings=16),
+        image_token_id=ids["image_pad"], video_token_id=ids["video_pad"],
+        vision_start_token_id=ids["vision_start"], vision_end_token_id=ids["vision_end"]))
+    processor = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessor(patch_size=16), tokenizer=tok,
+                                 video_processor=Qwen3VLVideoProcessor(patch_size=16))
+    transformer = MiniMaxH3Transformer3DModel(
+        num_attention_heads=2, attention_head_dim=128, hidden_size=64, num_layers=2, num_refiner_layers=1,
+        ffn_dim=128, text_dim=TEXT_DIM, freq_dim=32, time_embed_hidden_dim=64, time_embed_dim=32)
+    # The released geometry (16x spatial, 4x temporal, 17-frame chunks) with tiny widths.
+    vae = AutoencoderKLMiniMaxH3(block_out_channels=(8,) * 6, layers_per_block=1, norm_num_groups=4,
+                                 decoder_num_layers=1, decoder_num_attention_heads=1, decoder_attention_head_dim=16,
+                                 decoder_num_register_tokens=1, decoder_ffn_mult=1)
+    audio_vae = AutoencoderKLMiniMaxH3Audio(
+        encoder_dim=2, latent_dim=32, latent_channels=32, num_attention_heads=1, decoder_dim=4,
+        decoder_rates=(800,), decoder_kernel_sizes=(800,), resblock_kernel_sizes=(3,),
+        resblock_dilation_sizes=((1,),), latents_mean=[0.0] * 32, latents_std=[1.0] * 32)
+    pipe = MiniMaxH3Blocks().init_pipeline()
+    pipe.update_components(text_encoder=text_encoder, tokenizer=tok, processor=processor, transformer=transformer,
+                           vae=vae, audio_vae=audio_vae, scheduler=MiniMaxH3Scheduler(),
+                           audio_scheduler=MiniMaxH3Scheduler(shift=3.0))
+    pipe.save_pretrained(str(path / "model"), overwrite_modular_index=True)
+    return path / "model"
+
+
+@pytest.fixture(scope="module")
+def full_minimax(tmp_path_factory):
+    return _save_full_minimax(tmp_path_factory.mktemp("minimax-full"))
+
+
+def test_minimax_h3_end_to_end_text_encoder_denoise_and_decode(full_minimax):
+    from vcbench.pipelines.loaded import ClipSettings
+
+    model = load_model("minimax-h3", full_minimax, "cpu")
+    pipe = model.pipe
+    calls = {"text_encoder": 0, "vae": 0, "audio_vae": 0}
+
+    def count(name):
+        return lambda *a: calls.__setitem__(name, calls[name] + 1)
+
+    pipe.text_encoder.model.register_forward_hook(count("text_encoder"))
+    pipe.vae.decoder.register_forward_hook(count("vae"))
+    pipe.audio_vae.decoder.register_forward_hook(count("audio_vae"))
+    small = ClipSettings(steps=3, frames=124, height=64, width=64)
+    modules = {n: m.processor for n, m in pipe.transformer.named_modules() if hasattr(m, "processor")}
+    reference = model.generate(PROMPT, 0, small)
+    assert reference.shape == (124, 64, 64, 3) and reference.dtype == np.uint8 and reference.std() > 0
+    assert calls["text_encoder"] == 1 and calls["vae"] >= 1 and calls["audio_vae"] == 1
+    with vcbench.patch(pipe, "vc-8bit") as p:
+        vc = model.generate(PROMPT, 0, small)
+    # Two blocks over the packed text+audio+video sequence and the text refiner, 2 calls each;
+    # neither the Qwen3-VL encoder nor the VAE decoder (both attend too) is touched.
+    assert dict(p.routed) == {f"transformer.{n}": 2 for n in modules} and len(modules) == 3
+    assert p.actions == {0: "regroup", 1: "plain"} and not p.plain
+    assert vc.shape == reference.shape and not np.array_equal(vc, reference)
+    # Restored: the same processors, and bit-identical frames; the prompt reaches the frames.
+    assert all(m.processor is modules[n] for n, m in pipe.transformer.named_modules() if n in modules)
+    assert np.array_equal(model.generate(PROMPT, 0, small), reference)
+    assert not np.array_equal(model.generate("a blue tram at night", 0, small), reference)
+
+
+def test_vcbench_generate_minimax_h3_from_model_path(full_minimax, tmp_path):
+    from vcbench.cli import main
+    from vcbench.pipelines.video_io import read_frames
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "kite", "prompt": PROMPT}) + "\n")
+    out = tmp_path / "run"
+    main(["generate", "--model", "minimax-h3", "--model-path", str(full_minimax), "--methods", "bf16,vc-8bit",
+          "--prompts", str(prompts), "--seeds", "0", *SMALL, "--out", str(out)])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "ok" and manifest["config"]["model"] == "minimax-h3"
+    rows = {r["item"]: r for r in manifest["items"]}
+    assert set(rows) == {"bf16/kite/s0", "vc-8bit/kite/s0"}
+    for r in rows.values():
+        assert r["status"] == "ok" and r["steps"] == 3 and r["attention_calls"] == 6
+        assert read_frames(out / r["frames_dir"]).shape == (124, 64, 64, 3)
+    assert rows["vc-8bit/kite/s0"]["grouping_actions"] == {"0": "regroup", "1": "plain"}
+    assert rows["bf16/kite/s0"]["sha256"] != rows["vc-8bit/kite/s0"]["sha256"]

@@ -2,9 +2,18 @@
 
 Appendix A runs it at 1344x768, 243 frames, 8 steps with the 8-step distillation LoRA,
 Euler, no CFG. The checkpoint is guidance-distilled (no guider, no `guidance_scale`: one
-transformer call per step), and its scheduler evaluates the transformer `steps - 1` times
-(`timesteps = 1 - sigmas[:-1]`). The LoRA is a user file (`--lora-path`); without it the base
-model's own sampler runs with the same step count. Text, audio and video rows are packed
+transformer call per step), and its scheduler evaluates the transformer `steps - 1` times:
+`num_inference_steps` counts sigma grid points with the terminal 0 included
+(`MiniMaxH3Scheduler.set_timesteps`, `timesteps = 1 - sigmas[:-1]`). vcbench passes `--steps`
+through as `num_inference_steps`, so the default 8 is 7 transformer calls; an "8-step" LoRA
+used the way its ComfyUI users count steps (8 sampler steps, 9 sigmas) is `--steps 9`
+(docs/pipelines.md). The LoRA is a user file (`--lora-path`); without it the base model's own
+sampler runs with the same step count.
+
+`pipe(prompt=...)` runs the whole t2va workflow: the Qwen3-VL text encoder (hidden state 50),
+denoising, the video VAE decode and the audio VAE decode (the soundtrack is decoded, and timed
+in the clip's wall time, but not saved). Frames must be 17n+5 within 5-15 s at 24 fps: the
+shortest clip is 124 frames. Text, audio and video rows are packed
 into one sequence (text first, video last) that every block attends over in one call, which
 the patch routes as self-attention; the token refiner's text-only attention is routed too.
 The transformer takes patchified rows, not a 5-D latent, so the patch has no latent grid:
