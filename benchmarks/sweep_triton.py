@@ -1,9 +1,12 @@
 """Device script: the Triton kernel's implementation switches and launch configs, timed at one
 shape with triton.testing.do_bench (median), BF16 cuDNN SDPA (and FA4 when importable) beside.
-Usage: PYTHONPATH=. python3 benchmarks/sweep_triton.py [--shape wan22-720p] [--quick]"""
+Usage: PYTHONPATH=. python3 benchmarks/sweep_triton.py [--shape wan22-720p] [--quick]
+       [--configs 8x3,8x2] [--baseline OLD.py]: OLD.py, an earlier attention.py with the same
+       `launch`, is timed on the same operands for an A/B in one run."""
 
 import argparse
 import functools
+import importlib.util
 
 import torch
 import triton
@@ -21,6 +24,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="wan22-720p")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--configs", default="8x3,8x2,4x3", help="warps x stages, comma-separated")
+    ap.add_argument("--baseline", help="an earlier attention.py to time beside this one")
     args = ap.parse_args()
     b, h, n, d = PRESETS[args.shape]
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -39,12 +44,18 @@ def main():
     if gpu.flash_attn4() is not None:
         rows.append(("bf16", "cudnn-sdpa", bench(cudnn, args.quick)))
     variants = {  # the implementation switches; the launch configs below
-        "sage2-8bit": [dict()],
+        "sage2-8bit": [dict(int_cvt=0), dict(int_cvt=1)],
         "fp8-fa4": [dict()],
-        "vc-8bit-vsmooth": [dict(mean_mma=False), dict(mean_mma=True)],
-        "vc-8bit": [dict(rowsum=r, mean_mma=mm) for r in (0, 1, 2) for mm in (False, True)],
+        "vc-8bit-vsmooth": [dict(mean_mma=False), dict(mean_mma=True, int_cvt=0),
+                            dict(mean_mma=True, int_cvt=1)],
+        "vc-8bit": [dict(rowsum=r, int_cvt=1) for r in (0, 1)],
     }
-    configs = [(8, 3), (8, 2), (4, 3)]
+    configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
+    baseline = None
+    if args.baseline:
+        spec = importlib.util.spec_from_file_location("baseline_attention", args.baseline)
+        baseline = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(baseline)
     for name, switches in variants.items():
         plan = get_method(name).plan()
         perm = None
@@ -62,6 +73,9 @@ def main():
                     print(name, sw, nw, ns, "failed:", str(e).splitlines()[0][:120])
                     continue
                 rows.append((name, f"{sw} w{nw} s{ns}", t))
+        if baseline is not None:
+            call = functools.partial(baseline.launch, ops, out, **gpu.kernel_switches(plan))
+            rows.append((name, f"baseline {args.baseline.split('/')[-1]}", bench(call, args.quick)))
     print(f"\n{args.shape} B{b} H{h} N{n} D{d}, {torch.cuda.get_device_name()}")
     print(f"{'method':18s} {'variant':44s} {'ms':>8s} {'TFLOPS':>7s} {'vs bf16':>7s}")
     for name, var, t in rows:

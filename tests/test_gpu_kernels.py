@@ -90,3 +90,54 @@ def test_auto_falls_back_to_emulation_for_options_without_a_kernel():
     auto = vcbench.attention(q, k, v, "sage2-8bit", backend="auto", accum="fp22")
     emulated = vcbench.attention(q, k, v, "sage2-8bit", backend="emulate", accum="fp22")
     assert torch.equal(auto, emulated)
+
+
+def clustered_values(n, seed, clusters=12):
+    """Value-like tokens: a few directions with different magnitudes, plus noise."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    centers = torch.randn(1, 4, clusters, 128, device="cuda", generator=g)
+    centers *= torch.rand(1, 4, clusters, 1, device="cuda", generator=g) * 6
+    pick = torch.randint(0, clusters, (n,), device="cuda", generator=g)
+    return (centers[:, :, pick] + torch.randn(1, 4, n, 128, device="cuda", generator=g)).bfloat16()
+
+
+def test_token_mean_gpu_is_bit_equal_to_the_emulation():
+    from vcbench.kernels.triton.quantize import token_mean_gpu
+    from vcbench.kernels.vsmooth import token_mean
+
+    _, k, _ = inputs("outliers", 5021, 128, 3)
+    want = token_mean(k.float()).reshape(4, 128)
+    assert torch.equal(token_mean_gpu(k), want)
+
+
+@pytest.mark.parametrize("n", [3000, 20011])
+def test_kmeans_gpu_matches_the_torch_iterations(n):
+    """Same seeding and Lloyd iterations; the 16-bit MMAs may only break near-ties apart."""
+    from vcbench.kernels.triton.kmeans import kmeans_gpu
+    from vcbench.kernels.vsmooth import kmeans
+
+    v = clustered_values(n, n)
+    init = torch.randn(1, 4, 32, 128, device="cuda") * 3
+    want_labels, want_c = kmeans(v, 32, 6, init=init)
+    labels, c = kmeans_gpu(v, 32, 6, init=init)
+    assert labels.shape == want_labels.shape and labels.dtype == torch.long
+    assert (labels == want_labels).float().mean() >= 0.999
+    assert (c - want_c).abs().max() <= 1e-3 * want_c.abs().max()
+
+    def inertia(lab, cen):
+        return ((v.float() - torch.gather(cen, 2, lab[..., None].expand(-1, -1, -1, 128))) ** 2).sum()
+
+    assert inertia(labels, c) <= 1.001 * inertia(want_labels, want_c)
+
+
+def test_group_takes_the_gpu_kmeans_for_16_bit_cuda_values():
+    from vcbench.kernels.vsmooth import VSmoothConfig, group, kmeans
+
+    v = clustered_values(4133, 5)
+    g = group(v, VSmoothConfig())
+    labels, _ = kmeans(v, 32, 10)
+    # A permutation that sorts the GPU labels, and labels close to the torch run's.
+    assert torch.equal(g.permutation.sort(-1).values, torch.arange(4133, device="cuda").expand(1, 4, -1))
+    gpu_labels = torch.gather(labels, -1, g.permutation)
+    assert g.centroids.shape == (1, 4, 32, 128)
+    assert (gpu_labels.diff(dim=-1) >= 0).float().mean() >= 0.99

@@ -131,7 +131,7 @@ def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=N
     dev = q.device
 
     if plan.vsmooth is not None and permutation is None:
-        permutation = group(v.float(), plan.vsmooth, grid=grid, init=centroids).permutation
+        permutation = group(v, plan.vsmooth, grid=grid, init=centroids).permutation
     perm = None if permutation is None else permutation.to(dev, torch.int32).contiguous()
 
     def rows(x, rows_per_scale, mean=None, multiplier=None, gather=None):
@@ -158,7 +158,8 @@ def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=N
         kc, ks = rows(rotate(kf), TILE)
     else:
         qc, qs = rows(q, q_rows, multiplier=scale_log2)
-        mean = token_mean(k.float()).reshape(b * h, d).contiguous() if plan.smooth_k else None
+        k = _last_dim_contiguous(k)
+        mean = tq.token_mean_gpu(k) if plan.smooth_k else None
         kc, ks = rows(k, TILE, mean=mean, gather=perm)
 
     v = _last_dim_contiguous(v)

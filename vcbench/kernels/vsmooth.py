@@ -65,6 +65,7 @@ def _initial_centroids(x: torch.Tensor, k: int, seed: int = 0) -> torch.Tensor:
     if n > SEED_SAMPLE:
         flat = flat[:, :: -(-n // SEED_SAMPLE)]
         n = flat.shape[1]
+    flat = flat.float()  # only the sample: 16-bit inputs are exact in FP32
     rows = torch.arange(flat.shape[0], device=x.device)
     u = torch.rand(flat.shape[0], k, generator=torch.Generator().manual_seed(seed)).to(x.device)
     pick = (u[:, 0] * n).long().clamp_(max=n - 1)
@@ -172,9 +173,22 @@ def group(v: torch.Tensor, config: VSmoothConfig, grid: tuple[int, int, int] | N
         labels = balanced_labels(v, config.block_rows, config.iters)
         return Grouping(torch.argsort(labels, dim=-1, stable=True))
     if config.order == "kmeans":
-        labels, centroids = kmeans(v, config.clusters, config.iters, init)
+        labels, centroids = _kmeans_for(v, config.clusters)(v, config.clusters, config.iters, init)
         return Grouping(torch.argsort(labels, dim=-1, stable=True), centroids)
     raise UserError(f"unknown vsmooth_order {config.order!r}; choose from {', '.join(ORDERS)}")
+
+
+def _kmeans_for(v: torch.Tensor, k: int):
+    """The Triton k-means (`triton/kmeans.py`) for 16-bit CUDA inputs it can take, else the
+    torch one. Both run the same Lloyd iterations from the same seeding."""
+    from vcbench.kernels.gpu import triton_ready
+
+    fits = k >= 16 and k & (k - 1) == 0 and v.shape[-2] >= k and v.shape[-1] in (64, 128)
+    if v.is_cuda and v.dtype in (torch.bfloat16, torch.float16) and fits and triton_ready():
+        from vcbench.kernels.triton.kmeans import kmeans_gpu
+
+        return kmeans_gpu
+    return kmeans
 
 
 def permute_tokens(x: torch.Tensor, permutation: torch.Tensor) -> torch.Tensor:

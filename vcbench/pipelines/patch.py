@@ -256,7 +256,7 @@ class AttentionPatch:
         if action == "reuse" and fits:
             return {"permutation": cached.permutation}
         init = cached.centroids if fits else None  # warm start from the last grouping
-        grouping = group(v.float(), self.vsmooth, grid=s.grid, init=init)
+        grouping = group(v, self.vsmooth, grid=s.grid, init=init)
         self.regroups[s.step] += 1
         self.groupings[key] = grouping
         return {"permutation": grouping.permutation}

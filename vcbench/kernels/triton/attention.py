@@ -2,17 +2,28 @@
 
 One program owns BLOCK_M query rows of one (batch, head) and walks every KV tile:
 
-    S   = (Q_codes K_codes^T) * q_scale[row] * k_scale[tile]        INT8 (or FP8) tensor cores
-    m'  = max(m, rowmax S);  alpha = exp2(m - m')
-    P   = E4M3(exp2(S - (m' - log2 P_SCALE)))      or ExpCast: byte = rne(S*8 + (120+beta-8m'))
+    raw = Q_codes K_codes^T                       INT8 (or FP8) tensor cores; c = q_scale[row] * k_scale[tile]
+    m'  = max(m, c * rowmax raw);  alpha = exp2(m - m')        the max taken on the raw (integer) scores
+    P   = E4M3(exp2(raw*c + (log2 P_SCALE - m')))  or ExpCast: byte = rne(raw*8c + (120+beta-8m'))
     acc = alpha * acc + P V_codes                                    FP8 tensor cores
     acc += r * mean_tile                                             V-Smooth, Equation 6
     l   = alpha * l + r                           r: row sum of P (FP32, or decoded codes)
     O   = acc * v_scale[channel] / l                                 one epilogue
 
+The score enters the exponent (or the ExpCast byte) through one FMA from the raw product;
+the emulation rounds S = raw * q_scale * k_scale first. The two differ by about one FP32 ulp
+of the score, so a P code can differ by one where the exponent sits on a rounding boundary,
+which the GPU tests' output tolerance covers. Full KV tiles run unmasked; only the last tile,
+which holds the padded keys, is masked.
+
 Constexpr switches select the method: QK_INT8 (sage2 / vc) or FP8 (fp8-fa4), EXPCAST,
-VSMOOTH, V_PER_TILE (fp8-fa4's per-block V scale, applied per tile). Two implementation
+VSMOOTH, V_PER_TILE (fp8-fa4's per-block V scale, applied per tile). Implementation
 switches, each an A/B measured in docs/perf.md:
+  INT_CVT (INT8 scores to FP32): 0 converts (I2F, a quarter-rate instruction on Hopper); 1 adds
+    the bits of 1.5 * 2^23, reads the sum as FP32 and subtracts 1.5 * 2^23 (exact for
+    |raw| < 2^22, i.e. D <= 256). Folding that subtraction into the FMA's constant would save
+    one more add but cancels ~0.75 ulp of 2^23 * c: measured, it flips P codes enough to move
+    the output by 4e-3 relative L2 (TRITON_INTERPRET, no FMA), so it is not done.
   ROWSUM (ExpCast's row sum): 0 converts the bytes to FP32 and adds; 1 rebuilds the FP32 bits
     from the integer code with shifts (normal codes) and one multiply (subnormal codes); 2 has
     the tensor core add them (P times a tile of ones).
@@ -28,85 +39,116 @@ import triton
 import triton.language as tl
 
 MAGIC_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: adding it rounds a float in [0, 2^22) to an integer
+MAGIC_INT = tl.constexpr(0x4B400000)  # the bits of MAGIC_ROUND: int + MAGIC_INT, read as FP32, is MAGIC_ROUND + int
+
+
+@triton.jit
+def _kv_tile(acc, m_i, l_i, q, score_scale, K, VT, KS, VS, VM, bh, j, n_k, n_k_pad, n_tiles,
+             expcast_bias, QK_INT8: tl.constexpr, INT_CVT: tl.constexpr,
+             EXPCAST: tl.constexpr, ROWSUM: tl.constexpr, LOG2_P_SCALE: tl.constexpr,
+             VSMOOTH: tl.constexpr, V_PER_TILE: tl.constexpr, MEAN_MMA: tl.constexpr,
+             MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             D: tl.constexpr):
+    """One KV tile of the online softmax; MASK only for the tile that holds padded keys."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    k = tl.load(K + bh * n_k_pad * D + (j * BLOCK_N + offs_n)[:, None] * D + offs_d[None, :])
+    c = score_scale * tl.load(KS + bh * n_tiles + j)  # per row: S = raw * c
+    keep = (j * BLOCK_N + offs_n)[None, :] < n_k
+    if QK_INT8:
+        raw = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
+        if MASK:
+            row_max = tl.max(tl.where(keep, raw, -2147483647), 1).to(tl.float32)
+        else:
+            row_max = tl.max(raw, 1).to(tl.float32)  # an integer max, one convert per row
+        if INT_CVT == 1:  # |raw| < 2^22: an integer add and an exact FP32 subtract, no I2F
+            s = (raw + MAGIC_INT).to(tl.float32, bitcast=True) - MAGIC_ROUND
+        else:
+            s = raw.to(tl.float32)
+    else:
+        s = tl.dot(q, tl.trans(k))
+        row_max = tl.max(tl.where(keep, s, float("-inf")), 1) if MASK else tl.max(s, 1)
+    m_new = tl.maximum(m_i, row_max * c)  # c > 0, so the max commutes with the scale
+    alpha = tl.math.exp2(m_i - m_new)
+    if EXPCAST:  # the code from the score in one FMA: S*8 + (120 + beta - 8m)
+        t = s * (c * 8.0)[:, None] + (expcast_bias - m_new * 8.0)[:, None]
+        if MASK:
+            t = tl.where(keep, t, 0.0)
+        # t <= 120 + beta < 120.5 by construction; below 0 the code underflows to 0.
+        code = (tl.maximum(t, 0.0) + MAGIC_ROUND).to(tl.int32, bitcast=True) & 0xFF
+        p = code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+        if ROWSUM == 0:
+            r = tl.sum(p.to(tl.float32), 1)
+        elif ROWSUM == 2:
+            ones = tl.full([BLOCK_N, 16], 1.0, tl.float32).to(tl.float8e4nv)
+            r = tl.max(tl.dot(p, ones), 1)
+        else:
+            normal = ((code + 960) << 20).to(tl.float32, bitcast=True)
+            r = tl.sum(tl.where(code >= 8, normal, code.to(tl.float32) * 0.001953125), 1)
+    else:
+        # exp2(S - m + log2 P_SCALE) with S = s*c: one FMA, the P scale in the constant.
+        x = s * c[:, None] + (LOG2_P_SCALE - m_new)[:, None]
+        if MASK:
+            x = tl.where(keep, x, float("-inf"))
+        pf = tl.math.exp2(x)
+        r = tl.sum(pf, 1)
+        p = pf.to(tl.float8e4nv)
+    vt = tl.load(VT + bh * D * n_k_pad + offs_d[:, None] * n_k_pad + (j * BLOCK_N + offs_n)[None, :])
+    if V_PER_TILE:
+        acc = acc * alpha[:, None] + tl.dot(p, tl.trans(vt)) * tl.load(VS + bh * n_tiles + j)
+    else:
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p, tl.trans(vt), acc)
+    if VSMOOTH:
+        if MEAN_MMA:
+            k16 = tl.arange(0, 16)
+            r_col = tl.where(k16[None, :] == 0, r[:, None], 0.0).to(tl.float16)
+            mu_row = tl.load(VM + (bh * n_tiles + j) * D + k16[:, None] * 0 + offs_d[None, :])
+            mu_row = tl.where(k16[:, None] == 0, mu_row, 0.0).to(tl.float16)
+            acc = tl.dot(r_col, mu_row, acc)
+        else:
+            mu = tl.load(VM + (bh * n_tiles + j) * D + offs_d).to(tl.float32)
+            acc += r[:, None] * mu[None, :]
+    l_i = l_i * alpha + r
+    return acc, m_new, l_i
 
 
 @triton.jit
 def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
                    stride_ob, stride_oh, stride_on, expcast_bias,
-                   QK_INT8: tl.constexpr, Q_ROWS: tl.constexpr, EXPCAST: tl.constexpr,
-                   ROWSUM: tl.constexpr, LOG2_P_SCALE: tl.constexpr, VSMOOTH: tl.constexpr,
-                   V_PER_TILE: tl.constexpr, MEAN_MMA: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, D: tl.constexpr):
+                   QK_INT8: tl.constexpr, INT_CVT: tl.constexpr, Q_ROWS: tl.constexpr,
+                   EXPCAST: tl.constexpr, ROWSUM: tl.constexpr, LOG2_P_SCALE: tl.constexpr,
+                   VSMOOTH: tl.constexpr, V_PER_TILE: tl.constexpr, MEAN_MMA: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     n_tiles = n_k_pad // BLOCK_N
+    n_full = n_k // BLOCK_N
 
     # A query tile may be taller than the 128-row padding (BLOCK_M = 256): mask those rows.
     q_rows = offs_m < n_q_pad
     q = tl.load(Q + bh * n_q_pad * D + offs_m[:, None] * D + offs_d[None, :],
                 mask=q_rows[:, None], other=0.0)
     q_scale = tl.load(QS + bh * (n_q_pad // Q_ROWS) + offs_m // Q_ROWS, mask=q_rows, other=0.0)
-    k_ptrs = K + bh * n_k_pad * D + offs_n[:, None] * D + offs_d[None, :]
-    vt_ptrs = VT + bh * D * n_k_pad + offs_d[:, None] * n_k_pad + offs_n[None, :]
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for j in range(0, n_tiles):
-        k = tl.load(k_ptrs)
-        if QK_INT8:
-            s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = s * q_scale[:, None]
-        s = s * tl.load(KS + bh * n_tiles + j)
-        if (j + 1) * BLOCK_N > n_k:  # the tile holding padded keys
-            s = tl.where((j * BLOCK_N + offs_n)[None, :] < n_k, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        if EXPCAST:
-            t = s * 8.0 + (expcast_bias - m_new * 8.0)[:, None]
-            t = tl.minimum(tl.maximum(t, 0.0), 120.0)
-            code = (t + MAGIC_ROUND).to(tl.int32, bitcast=True) & 0xFF
-            p = code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
-            if ROWSUM == 0:
-                r = tl.sum(p.to(tl.float32), 1)
-            elif ROWSUM == 2:
-                ones = tl.full([BLOCK_N, 16], 1.0, tl.float32).to(tl.float8e4nv)
-                r = tl.max(tl.dot(p, ones), 1)
-            else:
-                normal = ((code + 960) << 20).to(tl.float32, bitcast=True)
-                r = tl.sum(tl.where(code >= 8, normal, code.to(tl.float32) * 0.001953125), 1)
-        else:
-            # exp2(S - m + log2 P_SCALE): the P scale rides in the subtraction, no multiply.
-            pf = tl.math.exp2(s - (m_new - LOG2_P_SCALE)[:, None])
-            r = tl.sum(pf, 1)
-            p = pf.to(tl.float8e4nv)
-        vt = tl.load(vt_ptrs)
-        if V_PER_TILE:
-            acc = acc * alpha[:, None] + tl.dot(p, tl.trans(vt)) * tl.load(VS + bh * n_tiles + j)
-        else:
-            acc = acc * alpha[:, None]
-            acc = tl.dot(p, tl.trans(vt), acc)
-        if VSMOOTH:
-            if MEAN_MMA:
-                k16 = tl.arange(0, 16)
-                r_col = tl.where(k16[None, :] == 0, r[:, None], 0.0).to(tl.float16)
-                mu_row = tl.load(VM + (bh * n_tiles + j) * D + k16[:, None] * 0 + offs_d[None, :])
-                mu_row = tl.where(k16[:, None] == 0, mu_row, 0.0).to(tl.float16)
-                acc = tl.dot(r_col, mu_row, acc)
-            else:
-                mu = tl.load(VM + (bh * n_tiles + j) * D + offs_d).to(tl.float32)
-                acc += r[:, None] * mu[None, :]
-        l_i = l_i * alpha + r
-        m_i = m_new
-        k_ptrs += BLOCK_N * D
-        vt_ptrs += BLOCK_N
+    # Full tiles without a mask; the tile that holds padded keys (if any) after them.
+    for j in range(0, n_full):
+        acc, m_i, l_i = _kv_tile(acc, m_i, l_i, q, q_scale, K, VT, KS, VS, VM, bh, j, n_k,
+                                 n_k_pad, n_tiles, expcast_bias, QK_INT8, INT_CVT, EXPCAST,
+                                 ROWSUM, LOG2_P_SCALE, VSMOOTH, V_PER_TILE, MEAN_MMA, False,
+                                 BLOCK_M, BLOCK_N, D)
+    if n_full < n_tiles:
+        acc, m_i, l_i = _kv_tile(acc, m_i, l_i, q, q_scale, K, VT, KS, VS, VM, bh, n_full, n_k,
+                                 n_k_pad, n_tiles, expcast_bias, QK_INT8, INT_CVT, EXPCAST,
+                                 ROWSUM, LOG2_P_SCALE, VSMOOTH, V_PER_TILE, MEAN_MMA, True,
+                                 BLOCK_M, BLOCK_N, D)
 
     if not V_PER_TILE:
         acc = acc * tl.load(VS + bh * D + offs_d)[None, :]
@@ -117,7 +159,7 @@ def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
 
 def launch(ops, out, *, qk_int8: bool, q_rows: int, expcast: bool, p_scale: float,
            vsmooth: bool, v_per_tile: bool, expcast_bias: float = 119.65, rowsum: int = 0,
-           mean_mma: bool = True, block_m: int = 128, block_n: int = 128, num_warps: int = 8,
+           mean_mma: bool = True, int_cvt: int = 1, block_m: int = 128, block_n: int = 128, num_warps: int = 8,
            num_stages: int = 3):
     """Run the kernel on prepared operands (`vcbench.kernels.gpu.GpuOperands`); out is
     (B, H, N, D) in the input's dtype, any strides with a unit last stride. The defaults are
@@ -129,7 +171,7 @@ def launch(ops, out, *, qk_int8: bool, q_rows: int, expcast: bool, p_scale: floa
         ops.v_mean if vsmooth else ops.v_scale, out,
         ops.n, ops.n, n_q_pad, ops.k.shape[2], h,
         out.stride(0), out.stride(1), out.stride(2), expcast_bias,
-        QK_INT8=qk_int8, Q_ROWS=q_rows, EXPCAST=expcast, ROWSUM=rowsum,
+        QK_INT8=qk_int8, INT_CVT=int_cvt, Q_ROWS=q_rows, EXPCAST=expcast, ROWSUM=rowsum,
         LOG2_P_SCALE=math.log2(p_scale),
         VSMOOTH=vsmooth, V_PER_TILE=v_per_tile, MEAN_MMA=mean_mma, BLOCK_M=block_m,
         BLOCK_N=block_n, D=d,

@@ -6,6 +6,8 @@ means: no high-precision intermediate goes back to HBM. They reproduce the emula
 inputs, so the order of the sum does not matter), divisions are `div_rn`, roundings are
 nearest-even, conversions saturate.
 
+    token_sums      K's channel sums over tokens in FP64 (per chunk; torch adds the chunks),
+                    the statistic of K smoothing, without an FP32/FP64 copy of K.
     quantize_rows   Q or K: optional gather by pi, optional mean subtraction, a scale per
                     ROWS tokens (16 = per warp, 128 = per block), INT8 or E4M3 codes.
     v_block_stats   V pass 1: gather by pi, FP64 block means, per-block residual amax.
@@ -46,6 +48,33 @@ def _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H, ROWS: tl.
     x = tl.load(X + b * stride_b + h * stride_h + src[:, None] * stride_n + cols[None, :],
                 mask=valid[:, None], other=0.0).to(tl.float32)
     return x, rows, cols, valid
+
+
+@triton.jit
+def _token_sums(X, Sums, n, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
+                D: tl.constexpr, TILES: tl.constexpr):
+    chunk = tl.program_id(0)
+    bh = tl.program_id(1)
+    acc = tl.zeros([D], tl.float64)
+    for t in range(TILES):
+        x, rows, cols, valid = _load_rows(X, X, chunk * TILES + t, bh, n, stride_b, stride_h,
+                                          stride_n, H, ROWS, D, False)
+        acc += tl.sum(x.to(tl.float64), 0)
+    tl.store(Sums + (bh * tl.num_programs(0) + chunk) * D + tl.arange(0, D), acc)
+
+
+def token_mean_gpu(x):
+    """`vsmooth.token_mean` of a 16-bit (B, H, N, D) CUDA tensor, bit for bit: the FP64 sum
+    of 16-bit values is exact, so chunking it cannot change it. Returns FP32 (B*H, D)."""
+    import torch
+
+    b, h, n, d = x.shape
+    rows, tiles = 64, 16
+    chunks = triton.cdiv(n, rows * tiles)
+    sums = torch.empty(b * h, chunks, d, device=x.device, dtype=torch.float64)
+    _token_sums[(chunks, b * h)](x, sums, n, x.stride(0), x.stride(1), x.stride(2), h,
+                                 ROWS=rows, D=d, TILES=tiles)
+    return (sums.sum(1) / n).float()
 
 
 @triton.jit
