@@ -12,6 +12,11 @@ How the swap works, and why this way:
   module ends in SDPA (packed text-video joint attention included: it is one SDPA call).
 * A processor pinned to another backend (flash, sage...) would never reach SDPA, so for the
   duration of the patch such a module gets a copy of its processor pinned to `native`.
+* Attention modules outside diffusers are found by class (`SDPA_CORES`): their attention core,
+  a method taking post-RoPE (B, H, N, D) q, k, v, calls flash-attn or xformers rather than SDPA,
+  so for the duration of the patch the module gets an instance attribute of that name computing
+  the same attention with SDPA, which the same hooks then route. LongCat-Video's
+  `Attention._process_attn` is the one registered; its denoiser is the pipeline's `dit`.
 * Self-attention goes through the method; cross-attention (different query/key lengths, or a
   module flagged `is_cross_attention`) stays on plain SDPA unless `route_cross=True`.
 * A boolean mask (HunyuanVideo-1.5 masks padded text tokens) is honoured by running the
@@ -44,6 +49,14 @@ from vcbench.errors import UserError
 from vcbench.kernels import attention, get_method
 from vcbench.kernels.vsmooth import Grouping, GroupingSchedule, group
 
+# Attention modules outside diffusers, by (module, class): the method computing attention from
+# post-RoPE (B, H, N, D) q, k, v (with the module's `scale`). Only self-attention is listed.
+SDPA_CORES: dict[tuple[str, str], str] = {
+    # LongCat-Video: `_process_attn(q, k, v, shape)` calls block-sparse attention, FlashAttention
+    # 3/2 or xformers, inside a Ulysses wrapper that is the identity at context-parallel size 1
+    # (the only size vcbench runs). Its cross-attention (packed variable-length text) is separate.
+    ("longcat_video.modules.attention", "Attention"): "_process_attn",
+}
 # Options of the patch itself (the rest go to the method).
 SCHEDULE_OPTIONS = {
     "schedule_placement": "placement",
@@ -107,6 +120,7 @@ class AttentionPatch:
         self.state = _RunState()
         self._handles: list = []
         self._saved_processors: dict[torch.nn.Module, Any] = {}
+        self._pinned_cores: list[tuple[torch.nn.Module, str]] = []
         self._modes: list[_Intercept] = []
         self._applied = False
         # Called as observe(name, step, pass_index, q, k, v, grid) before each routed call
@@ -125,10 +139,18 @@ class AttentionPatch:
             self._handles.append(model.register_forward_pre_hook(self._on_transformer,
                                                                  with_kwargs=True))
             for mname, module in model.named_modules():
-                if not _is_attention(module):
+                core = _sdpa_core(module)
+                if core is None and not _is_attention(module):
                     continue
+                if core is not None and self.route_cross:
+                    self.restore()
+                    raise UserError(f"route_cross: {type(module).__name__} modules ({tname}.{mname}) are "
+                                    "routed as self-attention only; this model's cross-attention cannot be")
                 route = _Route(f"{tname}.{mname}", bool(getattr(module, "is_cross_attention", False)))
-                self._pin_native(module)
+                if core is not None:
+                    self._pin_sdpa(module, core)
+                else:
+                    self._pin_native(module)
                 self._handles.append(module.register_forward_pre_hook(self._enter(route)))
                 self._handles.append(module.register_forward_hook(self._leave, always_call=True))
         self._applied = True
@@ -141,6 +163,9 @@ class AttentionPatch:
         for module, processor in self._saved_processors.items():
             module.processor = processor
         self._saved_processors.clear()
+        for module, name in self._pinned_cores:  # the class's own method shows again
+            module.__dict__.pop(name, None)
+        self._pinned_cores.clear()
         while self._modes:  # only after an exception that skipped a forward hook
             self._modes.pop().__exit__(None, None, None)
         self._applied = False
@@ -169,6 +194,12 @@ class AttentionPatch:
         pinned._attention_backend = "native"
         self._saved_processors[module] = processor
         module.processor = pinned
+
+    def _pin_sdpa(self, module: torch.nn.Module, name: str) -> None:
+        def core(q, k, v, *args, **kwargs):
+            return F.scaled_dot_product_attention(q, k, v, scale=getattr(module, "scale", None))
+        module.__dict__[name] = core
+        self._pinned_cores.append((module, name))
 
     # -- hooks ------------------------------------------------------------------------------
 
@@ -277,12 +308,19 @@ def patch(pipe: Any, method: str, backend: str = "emulate", route_cross: bool = 
 
 
 def denoisers(pipe: Any) -> dict[str, torch.nn.Module]:
-    """The transformer(s) of a pipeline: diffusers names them transformer, transformer_2."""
+    """The transformer(s) of a pipeline: diffusers names them transformer, transformer_2;
+    LongCat-Video's pipeline (a plain object, no `components`) holds its `dit`."""
     if isinstance(pipe, torch.nn.Module):
         return {"transformer": pipe}
-    components = getattr(pipe, "components", None) or {}
+    components = getattr(pipe, "components", None) or {
+        name: getattr(pipe, name, None) for name in ("transformer", "transformer_2", "dit")}
     return {name: c for name, c in components.items()
-            if name.startswith("transformer") and isinstance(c, torch.nn.Module)}
+            if name.startswith(("transformer", "dit")) and isinstance(c, torch.nn.Module)}
+
+
+def _sdpa_core(module: torch.nn.Module) -> str | None:
+    cls = type(module)
+    return SDPA_CORES.get((cls.__module__, cls.__qualname__))
 
 
 def _is_attention(module: torch.nn.Module) -> bool:
