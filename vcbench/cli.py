@@ -164,6 +164,37 @@ def timeit_command(
     print_table(table, title="attention kernel time (per-launch median)", caption=label)
 
 
+# --- vcbench project-clip ----------------------------------------------------------------------
+
+@app.command("project-clip")
+def project_clip_command(
+        methods: str = typer.Option("bf16,sage2-8bit,fp8-fa4,vc-8bit-vsmooth,vc-8bit", "--methods",
+                                    help="Comma-separated; bf16 is always timed as the baseline."),
+        repeats: int = typer.Option(1, "--repeats", help="Timed transformer calls per kind of "
+                                    "step and method (after a one-block warm-up); the median is used."),
+        text_repeats: int = typer.Option(3, "--text-repeats", help="Timed text-encoder calls."),
+        vae_repeats: int = typer.Option(1, "--vae-repeats", help="Timed VAE decodes."),
+        vae_tiling: bool = typer.Option(False, "--vae-tiling/--no-vae-tiling",
+                                        help="Decode tiled (default: untiled, as generate does; "
+                                        "tiled anyway if untiled runs out of memory)."),
+        json: Path = _JSON, out: Path = _OUT) -> None:
+    """Wan2.2-A14B clip time per method, projected from its parts timed with random weights."""
+    from vcbench.display import print_table
+    from vcbench.runs import default_run_dir, write_json
+    from vcbench.timing.clip_projection import COMMAND, Request, check_request, project_clip
+
+    def say(line: str) -> None:  # progress and tracebacks, as they happen, verbatim
+        print(line, file=sys.stderr, flush=True)
+
+    req = Request(methods=_split_list(methods) or [], repeats=repeats, text_repeats=text_repeats,
+                  vae_repeats=vae_repeats, vae_tiling=vae_tiling)
+    check_request(req)  # before a run folder is made
+    table, label = project_clip(req, out or default_run_dir(COMMAND), say=say)
+    if json is not None:
+        write_json(json, {"label": label, "rows": table.to_dict(orient="records")})
+    print_table(table, title="clip time per method (projected, not measured)", caption=label)
+
+
 # --- vcbench run -------------------------------------------------------------------------------
 
 @app.command("run")

@@ -1,0 +1,195 @@
+"""`vcbench project-clip`: the projection arithmetic, the config builders, the run folder into
+the report, and the refusal on a machine without CUDA."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from vcbench.report import build_report
+from vcbench.timing import clip_projection as cp
+
+
+def _parts(rows):
+    return pd.DataFrame(rows)
+
+
+def test_step_kinds_follow_the_papers_grouping_schedule():
+    # 40 steps, first 25% group (steps 0-9), regroup on every 4th of them: 0, 4, 8.
+    kinds = cp.step_kinds("vc-8bit", 40)
+    assert kinds == {"regroup": [0, 4, 8], "reuse": [1, 2, 3, 5, 6, 7, 9],
+                     "plain": list(range(10, 40))}
+    assert list(cp.step_kinds("vc-8bit-vsmooth", 40)) == ["regroup", "reuse", "plain"]
+    assert cp.step_kinds("bf16", 40) == {"all": list(range(40))}
+    assert cp.step_kinds("fp8-fa4", 8) == {"all": list(range(8))}
+
+
+def test_projection_golden_values():
+    # By hand: text 2 x 0.05 = 0.1 s; VAE 30 s.
+    # bf16: 40 steps x 2 calls x 11.0 s = 880.0 s; clip 910.1 s.
+    # vc-8bit: 2 x (3 x 12.5 + 7 x 11.5 + 30 x 10.0) = 2 x 418.0 = 836.0 s; clip 866.1 s.
+    kinds = cp.step_kinds("vc-8bit", 40)
+    rows = [cp.part_row("text_encode", "-", "all", [0.05, 0.04, 0.06], calls=2),
+            *cp.transformer_rows("bf16", "cudnn-sdpa", {"all": list(range(40))},
+                                 {"all": [11.0]}, cfg_passes=2),
+            *cp.transformer_rows("vc-8bit", "vcbench-triton", kinds,
+                                 {"regroup": [12.5], "reuse": [11.0, 11.5, 12.0],
+                                  "plain": [10.0, 10.0]}, cfg_passes=2),
+            cp.part_row("vae_decode", "-", "untiled", [30.0], calls=1)]
+    parts = _parts(rows)
+    vc = parts[parts.method == "vc-8bit"].set_index("kind")
+    assert list(vc.calls_in_clip) == [6, 14, 60]
+    assert vc.loc["reuse", "call_s"] == 11.5 and vc.loc["reuse", "samples"] == 3
+    assert vc.loc["reuse", "total_s"] == pytest.approx(161.0)
+
+    table = cp.projection_table(parts).set_index("method")
+    assert table.loc["bf16", "text_encode_s"] == pytest.approx(0.1)
+    assert table.loc["bf16", "denoise_s"] == pytest.approx(880.0)
+    assert table.loc["bf16", "clip_s"] == pytest.approx(910.1)
+    assert table.loc["vc-8bit", "denoise_s"] == pytest.approx(836.0)
+    assert table.loc["vc-8bit", "clip_s"] == pytest.approx(866.1)
+    assert table.loc["vc-8bit", "transformer_calls"] == 80
+    assert table.loc["vc-8bit", "clip_speedup_vs_bf16"] == pytest.approx(910.1 / 866.1)
+    assert table.loc["vc-8bit", "denoise_speedup_vs_bf16"] == pytest.approx(880.0 / 836.0)
+    assert table.loc["bf16", "clip_speedup_vs_bf16"] == 1.0
+    assert cp.projection_table(parts, speedups=False).clip_speedup_vs_bf16.isna().all()
+
+
+def test_the_papers_clip_and_the_published_configs():
+    spec = cp.WAN22_720P
+    assert spec.latent_shape() == (1, 16, 21, 90, 160)  # 81 frames of 1280x720 through 4x/8x
+    assert spec.video_tokens() == 75600  # over patch (1, 2, 2)
+    assert (spec.steps, spec.cfg_passes, spec.text_calls, spec.text_tokens) == (40, 2, 2, 512)
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    with torch.device("meta"):  # sizes only: nothing is allocated
+        expert = WanTransformer3DModel(**cp.WAN22_A14B_TRANSFORMER)
+        text = UMT5EncoderModel(UMT5Config(**cp.UMT5_XXL))
+        vae = AutoencoderKLWan(**cp.WAN21_VAE)
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(expert) == 14_288_491_584  # "A14B": 14.3B per expert
+    assert count(text) == 5_680_910_336  # UMT5-XXL encoder (about 11 GB in bf16)
+    assert count(vae) == 126_892_531  # the Wan2.1 VAE
+    assert expert.config.num_layers == 40 and expert.blocks[0].attn1.heads == 40
+
+
+def test_builders_at_tiny_scale_keep_diffusers_fp32_modules():
+    spec = cp.tiny_spec()
+    model = cp.build_transformer(spec.transformer, torch.device("cpu"), torch.bfloat16)
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    assert dtypes["blocks.0.attn1.to_q.weight"] == torch.bfloat16
+    assert dtypes["blocks.0.ffn.net.2.weight"] == torch.bfloat16
+    assert dtypes["blocks.0.scale_shift_table"] == torch.float32  # _keep_in_fp32_modules
+    assert dtypes["condition_embedder.time_embedder.linear_1.weight"] == torch.float32
+    assert model.rope.freqs_cos.dtype == torch.float32  # buffers as built, not cast to bf16
+    assert not any(p.requires_grad for p in model.parameters())
+    with cp.first_blocks(model, 1):
+        assert len(model.blocks) == 1
+    assert len(model.blocks) == 2
+    # The bf16 / fp32 mixture runs (as from_pretrained's does), every block through the patch.
+    rows = cp.time_transformer_method(model, spec, "bf16", 1, "emulate", torch.device("cpu"),
+                                      torch.bfloat16)
+    assert [(r["kind"], r["calls_in_clip"]) for r in rows] == [("all", 16)]
+
+
+def test_a_failing_method_leaves_the_others_written(tmp_path, monkeypatch):
+    real = cp.time_transformer_method
+
+    def flaky(model, spec, method, *args, **kwargs):
+        if method == "vc-8bit":
+            raise RuntimeError("kernel broke")
+        return real(model, spec, method, *args, **kwargs)
+
+    monkeypatch.setattr(cp, "time_transformer_method", flaky)
+    req = cp.Request(methods=["vc-8bit"], device="cpu", backend="emulate", text_repeats=1)
+    with pytest.raises(RuntimeError, match="vc-8bit failed"):
+        cp.project_clip(req, tmp_path / "p", cp.tiny_spec())
+    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    items = {i["item"]: i for i in manifest["items"]}
+    assert items["bf16"]["status"] == "ok" and "kernel broke" in items["vc-8bit"]["error"]
+    assert list(pd.read_csv(tmp_path / "p" / "projection.csv").method) == ["bf16"]
+
+
+def test_tiny_run_folder_into_the_report(tmp_path):
+    req = cp.Request(methods=["vc-8bit"], device="cpu", backend="emulate", text_repeats=1)
+    table, label = cp.project_clip(req, tmp_path / "proj", cp.tiny_spec())
+    assert list(table.method) == ["bf16", "vc-8bit"]  # bf16 added as the baseline
+    assert label.startswith("projected from random-weight tiny transformer on cpu")
+    assert "emulated" in label and table.clip_speedup_vs_bf16.isna().all()
+    manifest = json.loads((tmp_path / "proj" / "manifest.json").read_text())
+    assert manifest["command"] == "project-clip" and manifest["status"] == "ok"
+    assert manifest["config"]["random_weights"] and manifest["config"]["label"] == label
+    parts = pd.read_csv(tmp_path / "proj" / "parts.csv")
+    # tiny: 8 steps -> regroup on step 0, reuse on 1, plain on 2-7; two CFG calls each
+    vc = parts[parts.method == "vc-8bit"].set_index("kind")
+    assert dict(vc.calls_in_clip) == {"regroup": 2, "reuse": 2, "plain": 12}
+    assert set(parts.part) == {"text_encode", "transformer", "vae_decode"}
+    clip = table.set_index("method").clip_s
+    assert np.isfinite(clip).all() and (clip > 0).all()
+
+    report = build_report([tmp_path / "proj"], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Clip wall clock, projected (Figure 6, bottom)" in md
+    assert "Projected, not measured" in md and label in md
+    assert (tmp_path / "out" / "clip_time_projected.csv").is_file()
+    assert not (tmp_path / "out" / "speedup.png").exists()  # emulated: no speedup drawn
+    assert "projected" in report.main_title
+
+
+def _gpu_like_runs(root):
+    """A timeit run and a project-clip run as the device writes them (numbers made up)."""
+    from vcbench.runs import RunFolder
+
+    speed = pd.DataFrame({"method": ["bf16", "vc-8bit"], "implementation": ["cudnn-sdpa"] * 2,
+                          "attention_ms": [200.0, 125.0]})
+    speed["speedup_vs_bf16"] = 200.0 / speed.attention_ms
+    with RunFolder.create(root / "timeit", "timeit", {"shape": "wan22-720p"}) as run:
+        run.table("timeit", speed)
+    rows = [cp.part_row("text_encode", "-", "all", [0.05], 2),
+            *cp.transformer_rows("bf16", "cudnn-sdpa", {"all": list(range(40))}, {"all": [11.0]}, 2),
+            *cp.transformer_rows("vc-8bit", "vcbench-triton", cp.step_kinds("vc-8bit", 40),
+                                 {"regroup": [12.5], "reuse": [11.5], "plain": [10.0]}, 2),
+            cp.part_row("vae_decode", "-", "untiled", [30.0], 1)]
+    parts = pd.DataFrame(rows)
+    label = "projected from random-weight full-size transformer on NVIDIA H200 (test)"
+    with RunFolder.create(root / "proj", "project-clip",
+                          {"model": "wan22-t2v-a14b", "label": label, "random_weights": True,
+                           "backend": "gpu"}) as run:
+        run.table("parts", parts)
+        run.table("projection", cp.projection_table(parts))
+    return root / "timeit", root / "proj", label
+
+
+def test_figure6_draws_the_projected_panel_beside_the_attention_speedup(tmp_path):
+    from PIL import Image
+
+    timeit, proj, label = _gpu_like_runs(tmp_path)
+    build_report([timeit, proj], tmp_path / "out")
+    projected = pd.read_csv(tmp_path / "out" / "clip_time_projected.csv").set_index("method")
+    assert projected.loc["vc-8bit", "clip_speedup_vs_bf16"] == pytest.approx(910.1 / 866.1)
+    assert projected.loc["vc-8bit", "label"] == label
+    image = np.asarray(Image.open(tmp_path / "out" / "speedup.png").convert("RGB"))
+    assert image.shape[1] > 2 * image.shape[0]  # two panels side by side
+    assert len(np.unique(image.reshape(-1, 3), axis=0)) > 50
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Figure 6, top" in md and "Figure 6, bottom" in md and "](speedup.png)" in md
+    assert not math.isnan(projected.loc["bf16", "clip_s"])
+
+
+def test_cli_on_a_cpu_machine_says_it_needs_cuda(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = subprocess.run([sys.executable, "-m", "vcbench", "project-clip", "--out",
+                        str(tmp_path / "p")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: project-clip needs a CUDA GPU, and this machine has none"
+    assert not (tmp_path / "p").exists()  # refused before any run folder was made

@@ -1,0 +1,451 @@
+"""`vcbench project-clip`: Wan2.2-T2V-A14B's clip time per method, projected from its parts.
+
+No checkpoint can be downloaded here, but speed does not depend on weight values. So each part
+of the pipeline is built from its published config with random weights, directly on the GPU,
+and timed on the paper's clip (appendix A: 81 frames of 1280x720, 40 steps):
+
+    text encoder   UMT5-XXL encoder, bf16, 512 tokens: one call timed; the pipeline makes two
+                   (prompt and negative prompt)
+    transformer    one Wan2.2-A14B expert, bf16 (diffusers' fp32 modules kept fp32, as
+                   `from_pretrained` keeps them), on the 21x90x160 latent = 75600 video tokens
+                   and 512 text tokens, with the attention patched to each method
+                   (`vcbench.patch(..., backend="gpu")`). The two experts share one
+                   architecture, so one expert in memory times every step.
+    VAE decode     AutoencoderKLWan (the Wan2.1 VAE the A14B pipeline uses), fp32 as
+                   `vcbench generate` loads it, decoding the 21x90x160 latent once
+
+    clip = text_calls x text call + sum over the steps of cfg_passes x transformer call
+           + VAE decode
+
+Wan2.2's guidance (4.0 high-noise, 3.0 low-noise) is above 1 on every step, so every step
+makes two transformer calls (cond and uncond). They run the same shapes through the same
+kernels (only the text embedding's values differ), so one call is timed per sample and
+counted twice. Methods that group (V-Smooth) do different work on different steps of the
+schedule (`GroupingSchedule`: regroup on steps 0, 4, 8, reuse the permutation on 1-3, 5-7, 9,
+the host kernel alone on 10-39 of a 40-step run); each kind of step is timed on its own and
+weighted by how many steps of that kind the run has.
+
+Not counted (the same for every method): tokenizing, the scheduler's update, the CFG
+combination and converting the decoded video to uint8. The result is a projection and every
+table, figure and manifest says so; with the weights, `vcbench generate` measures the clip.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pandas as pd
+import torch
+
+from vcbench.errors import UserError
+from vcbench.kernels import get_method
+from vcbench.kernels.vsmooth import GroupingSchedule
+from vcbench.pipelines.wan import GUIDANCE, GUIDANCE_LOW_NOISE, WAN22_DEFAULTS
+
+COMMAND = "project-clip"
+DEFAULT_METHODS = ("bf16", "sage2-8bit", "fp8-fa4", "vc-8bit-vsmooth", "vc-8bit")
+
+# Wan2.2-T2V-A14B, per expert (transformer/ and transformer_2/ of Wan-AI/Wan2.2-T2V-A14B-Diffusers;
+# the same values as Wan's own t2v_A14B config: dim 5120 = 40 x 128, ffn 13824, 40 layers).
+WAN22_A14B_TRANSFORMER = dict(
+    patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
+    out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40,
+    cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None,
+    added_kv_proj_dim=None, rope_max_seq_len=1024, pos_embed_seq_len=None)
+# google/umt5-xxl's encoder, which Wan's text_encoder/ is.
+UMT5_XXL = dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                relative_attention_num_buckets=32, relative_attention_max_distance=128,
+                feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, tie_word_embeddings=False)
+# The Wan2.1 VAE (z 16, 4x temporal and 8x spatial compression) that Wan2.2-T2V-A14B decodes with.
+WAN21_VAE = dict(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                 temperal_downsample=[False, True, True], dropout=0.0)
+VAE_TEMPORAL, VAE_SPATIAL = 4, 8
+
+
+@dataclass(frozen=True)
+class ClipSpec:
+    """What is built and what clip it is timed on."""
+
+    name: str  # "full-size": what the label says was timed
+    source: str  # where the configs come from
+    transformer: dict
+    text_encoder: dict
+    vae: dict
+    frames: int
+    height: int
+    width: int
+    text_tokens: int = 512  # WanPipeline's max_sequence_length
+    steps: int = 40
+    cfg_passes: int = 2  # transformer calls per step: cond + uncond (guidance > 1)
+    text_calls: int = 2  # text-encoder calls per clip: prompt + negative prompt
+
+    def latent_shape(self) -> tuple[int, int, int, int, int]:
+        return (1, self.transformer["in_channels"], (self.frames - 1) // VAE_TEMPORAL + 1,
+                self.height // VAE_SPATIAL, self.width // VAE_SPATIAL)
+
+    def video_tokens(self) -> int:
+        _, _, t, h, w = self.latent_shape()
+        pt, ph, pw = self.transformer["patch_size"]
+        return (t // pt) * (h // ph) * (w // pw)
+
+
+# The paper's Wan clip. Both guidance scales are above 1: CFG on every step.
+WAN22_720P = ClipSpec(
+    "full-size", "Wan2.2-T2V-A14B config", WAN22_A14B_TRANSFORMER, UMT5_XXL, WAN21_VAE, frames=WAN22_DEFAULTS.frames,
+    height=WAN22_DEFAULTS.height, width=WAN22_DEFAULTS.width, steps=WAN22_DEFAULTS.steps,
+    cfg_passes=2 if min(GUIDANCE, GUIDANCE_LOW_NOISE) > 1 else 1)
+
+
+def tiny_spec() -> ClipSpec:
+    """The same code path at a size a CPU runs in seconds (tests): tiny-wan's configs."""
+    from vcbench.pipelines.tiny import wan_transformer_config, wan_vae_config
+
+    text = dict(UMT5_XXL, vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4)
+    return ClipSpec("tiny", "tiny-wan config", dict(wan_transformer_config(layers=2), text_dim=32), text,
+                    wan_vae_config(), frames=5, height=64, width=64, text_tokens=8, steps=8)
+
+
+# --- the projection (pure arithmetic) ------------------------------------------------------------
+
+def step_kinds(method: str, steps: int, schedule: dict | None = None) -> dict[str, list[int]]:
+    """The steps of a `steps`-step clip by what the attention does on them, in order of first
+    occurrence: 'all' for a method that does not group; V-Smooth's 'regroup', 'reuse', 'plain'
+    (the host kernel alone) from its grouping schedule."""
+    if get_method(method).plan().vsmooth is None:
+        return {"all": list(range(steps))}
+    schedule = GroupingSchedule(steps, **(schedule or {}))
+    kinds: dict[str, list[int]] = {}
+    for step in range(steps):
+        kinds.setdefault(schedule.action(step), []).append(step)
+    return kinds
+
+
+def part_row(part: str, method: str, kind: str, samples: list[float], calls: int,
+             implementation: str = "-", steps: int | None = None) -> dict[str, Any]:
+    """One timed part: the median of its samples (seconds per call) times its calls per clip."""
+    call_s = statistics.median(samples)
+    return {"part": part, "method": method, "kind": kind, "implementation": implementation,
+            "steps": steps, "calls_in_clip": calls, "call_s": call_s, "samples": len(samples),
+            "sample_min_s": min(samples), "sample_max_s": max(samples), "total_s": calls * call_s}
+
+
+def transformer_rows(method: str, implementation: str, kinds: dict[str, list[int]],
+                     samples: dict[str, list[float]], cfg_passes: int) -> list[dict[str, Any]]:
+    return [part_row("transformer", method, kind, samples[kind], len(steps) * cfg_passes,
+                     implementation, steps=len(steps)) for kind, steps in kinds.items()]
+
+
+def projection_table(parts: pd.DataFrame, speedups: bool = True) -> pd.DataFrame:
+    """One row per method: text encode + denoising (its transformer rows) + VAE decode, and the
+    speedups over bf16 of the clip and of the denoising alone (NaN without `speedups`: times
+    of emulated attention say nothing about a kernel's speed)."""
+    shared = parts[parts.part != "transformer"].groupby("part").total_s.sum()
+    text, vae = float(shared.get("text_encode", math.nan)), float(shared.get("vae_decode", math.nan))
+    rows = []
+    for method, mine in parts[parts.part == "transformer"].groupby("method", sort=False):
+        denoise = float(mine.total_s.sum())
+        rows.append({"method": method, "implementation": mine.implementation.iloc[0],
+                     "text_encode_s": text, "denoise_s": denoise, "vae_decode_s": vae,
+                     "clip_s": text + denoise + vae,
+                     "transformer_calls": int(mine.calls_in_clip.sum())})
+    table = pd.DataFrame(rows)
+    if table.empty or "bf16" not in set(table.method) or not speedups:
+        table["clip_speedup_vs_bf16"] = math.nan
+        table["denoise_speedup_vs_bf16"] = math.nan
+        return table
+    base = table.set_index("method").loc["bf16"]
+    table["clip_speedup_vs_bf16"] = base.clip_s / table.clip_s
+    table["denoise_speedup_vs_bf16"] = base.denoise_s / table.denoise_s
+    return table
+
+
+# --- building the parts --------------------------------------------------------------------------
+
+def cast_like_pretrained(model: torch.nn.Module, dtype: torch.dtype,
+                         keep_fp32: list[str] | None) -> torch.nn.Module:
+    """Parameters to `dtype`, except those under a module named in `keep_fp32`, as diffusers'
+    `from_pretrained(torch_dtype=...)` leaves them; buffers as built (RoPE tables stay fp32).
+    One parameter at a time, so the peak is the fp32 model plus one tensor."""
+    keep = set(keep_fp32 or [])
+    for name, param in model.named_parameters():
+        if param.is_floating_point() and not keep.intersection(name.split(".")):
+            param.data = param.data.to(dtype)
+    return model
+
+
+def build_transformer(config: dict, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    with torch.device(device):  # built and initialised where it runs: no CPU init of 14B
+        model = WanTransformer3DModel(**config)
+    cast_like_pretrained(model, dtype, WanTransformer3DModel._keep_in_fp32_modules)
+    return model.eval().requires_grad_(False)
+
+
+def build_text_encoder(config: dict, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = UMT5EncoderModel(UMT5Config(**config))
+    return model.to(dtype).eval().requires_grad_(False)  # transformers keeps no fp32 part in bf16
+
+
+def build_vae(config: dict, device: torch.device, seed: int = 0):
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        vae = AutoencoderKLWan(**config)
+    return vae.eval().requires_grad_(False)  # float32, as vcbench generate loads Wan's VAE
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall seconds of one call, synchronised with the device on both sides."""
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+# --- timing each part ----------------------------------------------------------------------------
+
+class _Holder:
+    """What `vcbench.patch` reads from a pipeline: the transformer, and a scheduler whose
+    `step_index` says which of `num_steps` steps the next call belongs to."""
+
+    def __init__(self, transformer: torch.nn.Module, num_steps: int) -> None:
+        self.components = {"transformer": transformer}
+        self.scheduler = SimpleNamespace(step_index=None, timesteps=range(num_steps))
+
+
+@contextmanager
+def first_blocks(model: torch.nn.Module, n: int):
+    """Run only the first `n` transformer blocks (a cheap warm-up: every block has the same
+    shapes, so one block compiles and caches every kernel the full model launches)."""
+    blocks = model.blocks
+    model.blocks = blocks[:n]
+    try:
+        yield
+    finally:
+        model.blocks = blocks
+
+
+def time_text_encoder(spec: ClipSpec, device, dtype, repeats: int, seed: int = 0) -> dict:
+    model = build_text_encoder(spec.text_encoder, device, dtype, seed)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(0, spec.text_encoder["vocab_size"], (1, spec.text_tokens), generator=g)
+    ids, mask = ids.to(device), torch.ones_like(ids, device=device)
+    call = lambda: model(input_ids=ids, attention_mask=mask).last_hidden_state  # noqa: E731
+    with torch.no_grad():
+        call()  # warm-up
+        samples = [timed(call, device) for _ in range(repeats)]
+    return part_row("text_encode", "-", "all", samples, spec.text_calls, "-")
+
+
+def time_vae_decode(spec: ClipSpec, device, repeats: int, tiling: bool, seed: int = 0) -> dict:
+    vae = build_vae(spec.vae, device, seed)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    z = torch.randn(spec.latent_shape(), generator=g).to(device)
+    mean = torch.tensor(vae.config.latents_mean, device=device).view(1, -1, 1, 1, 1)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std, device=device).view(1, -1, 1, 1, 1)
+
+    def decode(latents):  # what WanPipeline does after the last step
+        return vae.decode(latents / inv_std + mean, return_dict=False)[0]
+
+    mode = "tiled" if tiling else "untiled"
+    if tiling:
+        vae.enable_tiling()
+    with torch.no_grad():
+        decode(z[:, :, :2])  # warm-up: Wan's VAE decodes frame by frame, so 2 latent frames
+        samples = None
+        try:  # launch every kernel the full decode does
+            samples = [timed(lambda: decode(z), device) for _ in range(repeats)]
+        except torch.cuda.OutOfMemoryError:
+            if tiling:
+                raise
+        if samples is None:  # outside the handler, so the failed call's tensors can go
+            _free(device)
+            vae.enable_tiling()
+            mode = "tiled (untiled ran out of memory)"
+            decode(z[:, :, :2])
+            samples = [timed(lambda: decode(z), device) for _ in range(repeats)]
+    return part_row("vae_decode", "-", mode, samples, 1, "-")
+
+
+def time_transformer_method(model, spec: ClipSpec, method: str, repeats: int, backend: str,
+                            device, dtype, seed: int = 0) -> list[dict]:
+    """Per kind of step, `repeats` timed calls of the whole transformer with the attention
+    patched to `method` (after a one-block warm-up through every kind), in schedule order so
+    a reuse step finds the grouping its regroup step cached."""
+    import vcbench
+    from vcbench.kernels import gpu
+
+    kinds = step_kinds(method, spec.steps)
+    implementation = gpu.implementation(get_method(method)) if backend == "gpu" else backend
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    latent = torch.randn(spec.latent_shape(), generator=g).to(device, dtype)
+    text = torch.randn(1, spec.text_tokens, spec.transformer["text_dim"], generator=g).to(device, dtype)
+    holder = _Holder(model, spec.steps)
+    layers = len(model.blocks)
+
+    def call(step: int):
+        holder.scheduler.step_index = step
+        t = torch.tensor([1000.0 * (1 - step / spec.steps)], device=device)
+        return model(hidden_states=latent, timestep=t, encoder_hidden_states=text, return_dict=False)
+
+    samples: dict[str, list[float]] = {kind: [] for kind in kinds}
+    with torch.no_grad(), vcbench.patch(holder, method, backend=backend) as p:
+        with first_blocks(model, 1):
+            for steps in kinds.values():
+                call(steps[0])
+        for _ in range(repeats):
+            p.reset()  # a fresh clip: groupings recomputed on the regroup step
+            for kind, steps in kinds.items():
+                routed = sum(p.routed.values())
+                samples[kind].append(timed(lambda s=steps[0]: call(s), device))
+                _check_call(p, method, kind, steps[0], sum(p.routed.values()) - routed, layers)
+    return transformer_rows(method, implementation or "?", kinds, samples, spec.cfg_passes)
+
+
+def _check_call(p, method: str, kind: str, step: int, routed: int, layers: int) -> None:
+    """The call did what it is counted as: every block's self-attention through the method,
+    and (V-Smooth) the schedule's action on that step."""
+    if routed != layers:
+        raise RuntimeError(f"{method}: {routed} self-attention calls went through the method, "
+                           f"expected {layers} (one per block)")
+    if kind != "all" and (p.actions.get(step) != kind or (kind == "reuse" and p.regroups[step])):
+        raise RuntimeError(f"{method}: step {step} ran {p.actions.get(step)!r} "
+                           f"({p.regroups[step]} regroupings), expected {kind!r}")
+
+
+# --- the command -----------------------------------------------------------------------------------
+
+@dataclass
+class Request:
+    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))
+    repeats: int = 1  # timed transformer calls per kind of step
+    text_repeats: int = 3
+    vae_repeats: int = 1
+    vae_tiling: bool = False
+    device: str = "cuda"
+    backend: str = "gpu"
+    seed: int = 0
+
+
+def check_request(req: Request) -> None:
+    """Everything that can be refused before any work: no GPU, unknown methods, no kernel."""
+    device = torch.device(req.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"{COMMAND} needs a CUDA GPU, and this machine has none")
+    if min(req.repeats, req.text_repeats, req.vae_repeats) < 1:
+        raise UserError("--repeats, --text-repeats and --vae-repeats must be at least 1")
+    if not req.methods:
+        raise UserError("--methods is empty")
+    for name in req.methods:
+        m = get_method(name)
+        if req.backend == "gpu":
+            from vcbench.kernels import gpu
+
+            if gpu.implementation(m) is None:
+                raise UserError(f"no GPU kernel for {name!r} on this machine")
+    for module, what in (("diffusers", "the Wan transformer and VAE"),
+                         ("transformers", "the UMT5 text encoder")):
+        import importlib.util
+
+        if importlib.util.find_spec(module) is None:
+            raise UserError(f"{COMMAND} needs {module} for {what} (pip install {module})")
+
+
+def label(spec: ClipSpec, device: torch.device, backend: str = "gpu") -> str:
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    emulated = "" if backend == "gpu" else ", attention emulated in PyTorch, not a kernel"
+    return (f"projected from random-weight {spec.name} transformer on {card} "
+            f"({spec.source}, {spec.frames} frames {spec.width}x{spec.height}, "
+            f"{spec.steps} steps x {spec.cfg_passes} calls{emulated})")
+
+
+def project_clip(req: Request, out: Path, spec: ClipSpec = WAN22_720P,
+                 say: Callable[[str], None] = lambda _: None) -> tuple[pd.DataFrame, str]:
+    """Time the parts, write `parts` and `projection` to the run folder `out`, return the
+    projection and its label. The parts table is rewritten after each part, so a run cut short
+    keeps what it measured."""
+    from vcbench.pipelines.registry import default_device_dtype
+    from vcbench.runs import RunFolder
+
+    check_request(req)
+    methods = list(dict.fromkeys(["bf16", *req.methods]))  # every speedup against bf16 here
+    device, dtype = default_device_dtype(req.device)
+    text = label(spec, device, req.backend)
+    config = {"model": "wan22-t2v-a14b", "random_weights": True, "projected": True,
+              "label": text, "steps": spec.steps, "frames": spec.frames, "height": spec.height,
+              "width": spec.width, "spec": asdict(spec), "video_tokens": spec.video_tokens(),
+              "latent_shape": list(spec.latent_shape()), "methods": methods,
+              "repeats": req.repeats, "text_repeats": req.text_repeats,
+              "vae_repeats": req.vae_repeats, "vae_tiling": req.vae_tiling,
+              "backend": req.backend, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+              "schedule": asdict(GroupingSchedule(spec.steps))}
+    rows: list[dict] = []
+    start = time.perf_counter()
+    with RunFolder.create(out, COMMAND, config) as run:
+        def done(new: list[dict], what: str) -> None:
+            rows.extend(new)
+            run.table("parts", pd.DataFrame(rows))
+            for r in new:
+                say(f"[{time.perf_counter() - start:5.0f} s] {what} {r['kind']}: "
+                    f"{r['call_s']:.4f} s/call x {r['calls_in_clip']} = {r['total_s']:.2f} s")
+
+        # One part in memory at a time: the text encoder and the VAE are freed when their
+        # timing function returns, the transformer after its last method.
+        done([time_text_encoder(spec, device, dtype, req.text_repeats, req.seed)], "text encoder")
+        _free(device)
+        model = build_transformer(spec.transformer, device, dtype, req.seed)
+        failed: dict[str, str] = {}
+        for method in methods:
+            try:
+                new = time_transformer_method(model, spec, method, req.repeats, req.backend,
+                                              device, dtype, req.seed)
+            except Exception as e:  # noqa: BLE001 - one device run: keep timing the others
+                failed[method] = "".join(traceback.format_exception(e))
+                run.record(method, "error", error=failed[method])
+                say(f"transformer {method} FAILED (its traceback is in the manifest):\n"
+                    f"{failed[method]}")
+            else:
+                run.record(method, "ok", implementation=new[0]["implementation"])
+                done(new, f"transformer {method}")
+            _free(device)
+        model = None
+        _free(device)
+        done([time_vae_decode(spec, device, req.vae_repeats, req.vae_tiling, req.seed)], "VAE decode")
+        _free(device)
+        table = projection_table(pd.DataFrame(rows), speedups=req.backend == "gpu")
+        run.table("projection", table)
+        run.json("result.json", {"label": text, "rows": table.to_dict(orient="records")})
+        if failed:  # after the others were written; the run is marked failed
+            raise RuntimeError(f"{COMMAND}: {', '.join(failed)} failed (tracebacks above and in "
+                               f"{run.path / 'manifest.json'}); the other methods are in "
+                               f"{run.path / 'projection.csv'}")
+    return table, text
