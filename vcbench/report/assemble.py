@@ -1,7 +1,8 @@
 """`vcbench report`: run folders in, one folder out with report.md, CSVs and PNG figures.
 
-    OUT/report.md          provenance, fidelity per model, clip time, attention speedup,
-                           frame strips, kernel analyses: each table with its figure
+    OUT/report.md          provenance, fidelity per model, clip time (measured, or projected
+                           by project-clip), attention speedup, frame strips, kernel
+                           analyses: each table with its figure
     OUT/*.csv              every table the report shows, in full precision
     OUT/*.png              the figures
 
@@ -23,6 +24,17 @@ from vcbench.report.load import GenerateRun, Runs, load_runs
 from vcbench.runs import atomic_write_text
 
 STRIP_FRAMES = 5  # appendix E cuts five frames per row
+PROJECTION_NOTE = (
+    "**Projected, not measured.** `vcbench project-clip` builds Wan2.2-T2V-A14B's parts from "
+    "their published configs with **random weights** (speed does not depend on weight values) "
+    "and times them on the paper's clip: the UMT5-XXL text encoder (counted twice: prompt and "
+    "negative prompt), one transformer expert per kind of denoising step with the attention "
+    "swapped to each method (counted for both CFG calls of every step of that kind; V-Smooth's "
+    "regroup, reuse and plain steps weighted by its grouping schedule), and the VAE decode. "
+    "Clip = text + denoising + decode. A run whose attention was emulated on the CPU (the "
+    "tests' tiny config) gets no speedup. "
+    "Tokenizing, scheduler updates and the uint8 conversion are not counted. With the weights, "
+    "`make fig6 MODEL_PATH=DIR` measures the clip instead.")
 
 
 @dataclass
@@ -90,9 +102,23 @@ def build_report(paths: list[Path], out: Path) -> Report:
         md += ["## Attention speedup over bf16 (Figure 6, top)", "",
                "CUPTI per-launch median of the attention kernel alone (vcbench timeit).", "",
                tables.markdown(speed.drop(columns=["run"])), ""]
-    if len(speed) or len(clip):
-        drawn = figures.speedup_bars(speed, clip, out / "speedup.png",
-                                     _clip_note(clip) if len(clip) else "")
+    projected, parts = tables.clip_projection(runs)
+    if len(projected):
+        csv(projected, "clip_time_projected")
+        csv(parts, "clip_parts_projected")
+        md += ["## Clip wall clock, projected (Figure 6, bottom)", "", PROJECTION_NOTE, ""]
+        for text in dict.fromkeys(projected.label):
+            md += [f"**{text}.**", ""]
+        md += [tables.markdown(projected.drop(columns=["run", "label"])), "",
+               "The timed parts (seconds per call: median of `samples` calls; `calls_in_clip` "
+               "counts both CFG passes of every step of that kind):", "",
+               tables.markdown(parts.drop(columns=["run", "label"])), ""]
+    if len(speed) or len(clip) or len(projected):
+        note = _clip_note(clip) if len(clip) else ""
+        if len(projected):
+            note = (note + " " if note else "") + "Projected panels: parts timed with random " \
+                "weights, summed per method; not a measured clip."
+        drawn = figures.speedup_bars(speed, clip, out / "speedup.png", note, projected)
         figure(drawn, "speedup over bf16")
         if drawn is None:
             md += ["No speedup figure: the only times here are of emulated methods. Kernel "
@@ -112,6 +138,9 @@ def build_report(paths: list[Path], out: Path) -> Report:
     files.insert(0, out / "report.md")
     if main.empty and len(speed):
         main, main_title = speed.drop(columns=["run"]), "attention speedup over bf16"
+    elif main.empty and len(projected):
+        main = projected.drop(columns=["run", "label"])
+        main_title = "clip time per method (projected, not measured)"
     return Report(out, main, main_title, files)
 
 

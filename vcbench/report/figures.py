@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -30,10 +31,10 @@ def save(fig, path: Path) -> Path:
     return path
 
 
-def _bars(ax, names, values, errors=None, color="#4878a8"):
+def _bars(ax, names, values, errors=None, color="#4878a8", hatch=None):
     x = np.arange(len(names))
     err = None if errors is None else [0 if not math.isfinite(e) else e for e in errors]
-    ax.bar(x, values, yerr=err, capsize=3, color=color)
+    ax.bar(x, values, yerr=err, capsize=3, color=color, hatch=hatch, edgecolor="white" if hatch else None)
     ax.set_xticks(x, names, rotation=35, ha="right", fontsize=8)
 
 
@@ -68,11 +69,14 @@ def metric_per_model(long: pd.DataFrame, metric: str, path: Path, note: str) -> 
     return save(fig, path)
 
 
-def speedup_bars(speed: pd.DataFrame, clip: pd.DataFrame, path: Path, note: str) -> Path | None:
-    """Attention speedup over bf16 per GPU (from timeit) and clip speedup (from generate)."""
+def speedup_bars(speed: pd.DataFrame, clip: pd.DataFrame, path: Path, note: str,
+                 projected: pd.DataFrame | None = None) -> Path | None:
+    """Attention speedup over bf16 per GPU (from timeit), clip speedup (from generate) and the
+    projected clip speedup (from project-clip), each panel titled with what it is."""
     panels = []
     for (gpu, inputs), rows in (speed.groupby(["gpu", "inputs"], sort=False) if len(speed) else []):
-        panels.append((f"attention: {gpu}\n{inputs}", list(rows.method), list(rows.speedup_vs_bf16)))
+        panels.append((f"attention: {gpu}\n{inputs}", list(rows.method), list(rows.speedup_vs_bf16),
+                       False))
     for model, rows in (clip.groupby("model", sort=False) if len(clip) else []):
         rows = rows[np.isfinite(rows.speedup_vs_bf16)]  # emulated clips have no speedup
         if rows.empty:
@@ -80,18 +84,31 @@ def speedup_bars(speed: pd.DataFrame, clip: pd.DataFrame, path: Path, note: str)
         where = ", ".join(sorted({f"{b} on {d}" for b, d in zip(rows.backend, rows.device, strict=False)}))
         panels.append((f"clip wall clock: {model}\n({where})",
                        [label(m, v) for m, v in zip(rows.method, rows.variant, strict=False)],
-                       list(rows.speedup_vs_bf16)))
+                       list(rows.speedup_vs_bf16), False))
+    for (_, text), rows in (projected.groupby(["run", "label"], sort=False)
+                              if projected is not None and len(projected) else []):
+        rows = rows[np.isfinite(rows.clip_speedup_vs_bf16)]
+        if rows.empty:
+            continue
+        base = rows.implementation[rows.method == "bf16"]
+        bf16 = f"; bf16 = {base.iloc[0]}" if len(base) else ""
+        panels.append((f"clip wall clock, PROJECTED ({rows.model.iloc[0]}{bf16})\n"
+                       + textwrap.fill(text, 58), list(rows.method), list(rows.clip_speedup_vs_bf16),
+                       True))
     if not panels:
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
-    for ax, (title, names, values) in zip(axes[0], panels, strict=False):
-        _bars(ax, names, values, color="#59a14f")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 4.0), squeeze=False,
+                             layout="constrained")
+    for ax, (title, names, values, projected_panel) in zip(axes[0], panels, strict=False):
+        # Projected clip times: hatched orange, so they never read as a measured clip.
+        _bars(ax, names, values, color="#f28e2b" if projected_panel else "#59a14f",
+              hatch="//" if projected_panel else None)
         ax.axhline(1.0, color="k", lw=0.8, ls=":")
         for i, v in enumerate(values):
             ax.annotate(f"{v:.2f}x", (i, v), ha="center", va="bottom", fontsize=7)
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=9 if title.count("\n") < 2 else 7)
         ax.set_ylabel("speedup over bf16")
-    fig.suptitle(note, fontsize=8)
+    fig.suptitle(textwrap.fill(note, 75 * len(panels)), fontsize=8)
     return save(fig, path)
 
 

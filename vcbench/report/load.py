@@ -6,6 +6,8 @@ the manifest's `command`:
     generate               clip rows (`items`: wall_s, frames_dir), and `score.json` beside
                            them if `vcbench score ... --json RUN/score.json` wrote one
     timeit                 result.json rows (attention_ms, speedup_vs_bf16) and the GPU
+    project-clip           projection.csv (clip time per method, projected from parts timed
+                           with random weights) and parts.csv
     analyze expcast        expcast.csv, byte_map.csv
     analyze kernel-error   kernel_error.csv
     analyze token-order    token_order.csv
@@ -32,6 +34,7 @@ from vcbench.runs import read_manifest
 SCORE_FILE = "score.json"
 ANALYSES = {"analyze expcast": "expcast", "analyze kernel-error": "kernel_error",
             "analyze token-order": "token_order"}
+PROJECTION = "project-clip"
 # Settings that make two generate runs of one model comparable clip for clip.
 CLIP_SETTINGS = ("steps", "frames", "height", "width", "seeds", "prompts", "random_weights",
                  "model_path")
@@ -72,17 +75,19 @@ class TableRun(Run):
 
     @property
     def kind(self) -> str:
-        return "timeit" if self.command == "timeit" else ANALYSES[self.command]
+        return {"timeit": "timeit", PROJECTION: "projection"}.get(self.command) \
+            or ANALYSES[self.command]
 
 
 @dataclass
 class Runs:
     generate: list[GenerateRun] = field(default_factory=list)
     timeit: list[TableRun] = field(default_factory=list)
+    projections: list[TableRun] = field(default_factory=list)
     analyses: list[TableRun] = field(default_factory=list)
 
     def all(self) -> list[Run]:
-        return [*self.generate, *self.timeit, *self.analyses]
+        return [*self.generate, *self.timeit, *self.projections, *self.analyses]
 
 
 def load_runs(paths: list[Path]) -> Runs:
@@ -103,12 +108,14 @@ def load_runs(paths: list[Path]) -> Runs:
             runs.generate.append(_generate_run(path, manifest))
         elif command == "timeit":
             runs.timeit.append(_table_run(path, manifest, ["timeit"]))
+        elif command == PROJECTION:
+            runs.projections.append(_table_run(path, manifest, ["projection", "parts"]))
         elif command in ANALYSES:
             names = ["expcast", "byte_map"] if command == "analyze expcast" else [ANALYSES[command]]
             runs.analyses.append(_table_run(path, manifest, names))
         else:
             raise UserError(f"{path}: report does not know runs of command {command!r} "
-                            f"(generate, timeit, {', '.join(ANALYSES)})")
+                            f"(generate, timeit, {PROJECTION}, {', '.join(ANALYSES)})")
     check_comparable(runs.generate)
     return runs
 

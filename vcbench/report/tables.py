@@ -153,6 +153,23 @@ def speedup(runs: Runs) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def clip_projection(runs: Runs) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """project-clip runs: (clip time per method, the timed parts behind it), each row with the
+    GPU and the run's label ("projected from random-weight full-size transformer on ...")."""
+    tables: dict[str, list[pd.DataFrame]] = {"projection": [], "parts": []}
+    for run in runs.projections:
+        gpu = (run.manifest.get("device") or {}).get("gpu", "cpu")
+        for name, frames in tables.items():
+            t = run.tables[name].copy()
+            t.insert(0, "gpu", gpu)
+            t.insert(1, "model", run.config.get("model"))
+            t["label"] = run.config.get("label") or "projected"
+            t["run"] = str(run.path)
+            frames.append(t)
+    return tuple(pd.concat(f, ignore_index=True) if f else pd.DataFrame()  # type: ignore[return-value]
+                 for f in tables.values())
+
+
 def provenance(runs: Runs) -> pd.DataFrame:
     rows = []
     for run in runs.all():
