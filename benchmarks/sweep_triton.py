@@ -46,9 +46,9 @@ def main():
     variants = {  # the implementation switches; the launch configs below
         "sage2-8bit": [dict(int_cvt=0), dict(int_cvt=1)],
         "fp8-fa4": [dict()],
-        "vc-8bit-vsmooth": [dict(mean_mma=False), dict(mean_mma=True, int_cvt=0),
-                            dict(mean_mma=True, int_cvt=1)],
-        "vc-8bit": [dict(rowsum=r, int_cvt=1) for r in (0, 1)],
+        "vc-8bit-vsmooth": [dict(mean_mma=0), dict(mean_mma=1, int_cvt=0),
+                            dict(mean_mma=1, int_cvt=1), dict(mean_mma=2, int_cvt=1)],
+        "vc-8bit": [dict(rowsum=r, mean_mma=mm) for r in (0, 1) for mm in (1, 2)],
     }
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     baseline = None

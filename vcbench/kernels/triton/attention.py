@@ -28,7 +28,9 @@ switches, each an A/B measured in docs/perf.md:
     from the integer code with shifts (normal codes) and one multiply (subnormal codes); 2 has
     the tensor core add them (P times a tile of ones).
   MEAN_MMA (V-Smooth's rank-one term): 0 one FMA per accumulator element on the CUDA cores;
-    1 a K=16 FP16 MMA of [r, 0...] by [mean; 0...], which rounds r to FP16.
+    1 a K=16 FP16 MMA of [r, 0...] by [mean; 0...] per tile, which rounds r to FP16; 2 keeps
+    the row sums of 16 tiles (rescaled by alpha like the accumulator) and their means in
+    registers and adds them with one K=16 FP16 MMA per 16 tiles.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ MAGIC_INT = tl.constexpr(0x4B400000)  # the bits of MAGIC_ROUND: int + MAGIC_INT
 
 
 @triton.jit
-def _kv_tile(acc, m_i, l_i, q, score_scale, K, VT, KS, VS, VM, bh, j, n_k, n_k_pad, n_tiles,
-             expcast_bias, QK_INT8: tl.constexpr, INT_CVT: tl.constexpr,
+def _kv_tile(acc, m_i, l_i, rbuf, mbuf, q, score_scale, K, VT, KS, VS, VM, bh, j, n_k,
+             n_k_pad, n_tiles, expcast_bias, QK_INT8: tl.constexpr, INT_CVT: tl.constexpr,
              EXPCAST: tl.constexpr, ROWSUM: tl.constexpr, LOG2_P_SCALE: tl.constexpr,
              VSMOOTH: tl.constexpr, V_PER_TILE: tl.constexpr, MEAN_MMA: tl.constexpr,
              MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -100,7 +102,16 @@ def _kv_tile(acc, m_i, l_i, q, score_scale, K, VT, KS, VS, VM, bh, j, n_k, n_k_p
         acc = acc * alpha[:, None]
         acc = tl.dot(p, tl.trans(vt), acc)
     if VSMOOTH:
-        if MEAN_MMA:
+        if MEAN_MMA == 2:  # r and the mean into column / row j % 16; one MMA per 16 tiles
+            k16 = tl.arange(0, 16)
+            col = j % 16
+            rbuf = tl.where(k16[None, :] == col, r[:, None], rbuf * alpha[:, None])
+            mu = tl.load(VM + (bh * n_tiles + j) * D + offs_d)
+            mbuf = tl.where(k16[:, None] == col, mu[None, :], mbuf)
+            if col == 15:
+                acc = tl.dot(rbuf.to(tl.float16), mbuf, acc)
+                rbuf = tl.zeros_like(rbuf)
+        elif MEAN_MMA == 1:
             k16 = tl.arange(0, 16)
             r_col = tl.where(k16[None, :] == 0, r[:, None], 0.0).to(tl.float16)
             mu_row = tl.load(VM + (bh * n_tiles + j) * D + k16[:, None] * 0 + offs_d[None, :])
@@ -110,7 +121,7 @@ def _kv_tile(acc, m_i, l_i, q, score_scale, K, VT, KS, VS, VM, bh, j, n_k, n_k_p
             mu = tl.load(VM + (bh * n_tiles + j) * D + offs_d).to(tl.float32)
             acc += r[:, None] * mu[None, :]
     l_i = l_i * alpha + r
-    return acc, m_new, l_i
+    return acc, m_new, l_i, rbuf, mbuf
 
 
 @triton.jit
@@ -138,18 +149,22 @@ def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
+    rbuf = tl.zeros([BLOCK_M, 16], tl.float32)  # MEAN_MMA == 2: pending row sums, rescaled
+    mbuf = tl.zeros([16, D], tl.float16)  # ... and the means they multiply
     # Full tiles without a mask; the tile that holds padded keys (if any) after them.
     for j in range(0, n_full):
-        acc, m_i, l_i = _kv_tile(acc, m_i, l_i, q, q_scale, K, VT, KS, VS, VM, bh, j, n_k,
-                                 n_k_pad, n_tiles, expcast_bias, QK_INT8, INT_CVT, EXPCAST,
-                                 ROWSUM, LOG2_P_SCALE, VSMOOTH, V_PER_TILE, MEAN_MMA, False,
-                                 BLOCK_M, BLOCK_N, D)
+        acc, m_i, l_i, rbuf, mbuf = _kv_tile(
+            acc, m_i, l_i, rbuf, mbuf, q, q_scale, K, VT, KS, VS, VM, bh, j, n_k, n_k_pad,
+            n_tiles, expcast_bias, QK_INT8, INT_CVT, EXPCAST, ROWSUM, LOG2_P_SCALE, VSMOOTH,
+            V_PER_TILE, MEAN_MMA, False, BLOCK_M, BLOCK_N, D)
     if n_full < n_tiles:
-        acc, m_i, l_i = _kv_tile(acc, m_i, l_i, q, q_scale, K, VT, KS, VS, VM, bh, n_full, n_k,
-                                 n_k_pad, n_tiles, expcast_bias, QK_INT8, INT_CVT, EXPCAST,
-                                 ROWSUM, LOG2_P_SCALE, VSMOOTH, V_PER_TILE, MEAN_MMA, True,
-                                 BLOCK_M, BLOCK_N, D)
+        acc, m_i, l_i, rbuf, mbuf = _kv_tile(
+            acc, m_i, l_i, rbuf, mbuf, q, q_scale, K, VT, KS, VS, VM, bh, n_full, n_k, n_k_pad,
+            n_tiles, expcast_bias, QK_INT8, INT_CVT, EXPCAST, ROWSUM, LOG2_P_SCALE, VSMOOTH,
+            V_PER_TILE, MEAN_MMA, True, BLOCK_M, BLOCK_N, D)
 
+    if VSMOOTH and MEAN_MMA == 2:  # what the last, incomplete group of 16 tiles left
+        acc = tl.dot(rbuf.to(tl.float16), mbuf, acc)
     if not V_PER_TILE:
         acc = acc * tl.load(VS + bh * D + offs_d)[None, :]
     out = acc / l_i[:, None]
@@ -159,8 +174,8 @@ def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
 
 def launch(ops, out, *, qk_int8: bool, q_rows: int, expcast: bool, p_scale: float,
            vsmooth: bool, v_per_tile: bool, expcast_bias: float = 119.65, rowsum: int = 0,
-           mean_mma: bool = True, int_cvt: int = 1, block_m: int = 128, block_n: int = 128, num_warps: int = 8,
-           num_stages: int = 3):
+           mean_mma: int = 1, int_cvt: int = 1, block_m: int = 128, block_n: int = 128,
+           num_warps: int = 8, num_stages: int = 3):
     """Run the kernel on prepared operands (`vcbench.kernels.gpu.GpuOperands`); out is
     (B, H, N, D) in the input's dtype, any strides with a unit last stride. The defaults are
     the fastest measured on the H200 at the Wan2.2 shape (docs/perf.md, 2026-11-30)."""
