@@ -121,7 +121,7 @@ def test_kmeans_gpu_matches_the_torch_iterations(n):
     want_labels, want_c = kmeans(v, 32, 6, init=init)
     labels, c = kmeans_gpu(v, 32, 6, init=init)
     assert labels.shape == want_labels.shape and labels.dtype == torch.long
-    assert (labels == want_labels).float().mean() >= 0.999
+    assert (labels == want_labels).float().mean() >= 0.995
     assert (c - want_c).abs().max() <= 1e-3 * want_c.abs().max()
 
     def inertia(lab, cen):

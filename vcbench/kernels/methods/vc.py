@@ -25,6 +25,8 @@ VSMOOTH_OPTIONS = {
     "vsmooth_order": Option("kmeans", "token order before block demeaning", choices=ORDERS),
     "vsmooth_clusters": Option(32, "k of the k-means", types=(int,)),
     "vsmooth_iters": Option(10, "k-means iterations", types=(int,)),
+    "vsmooth_warm_iters": Option(5, "k-means iterations when warm-started from cached centroids",
+                                 types=(int,)),
     "vsmooth_cube": Option((2, 8, 8), "cube (t, h, w) of the `cube` order", types=(tuple, list)),
     "hadamard_v": Option(False, "rotate V by a Hadamard matrix (Table 1 ablation)", types=(bool,)),
     "permutation": Option(None, "cached token order (B, H, N) to reuse", types=(torch.Tensor,)),
@@ -36,12 +38,13 @@ VSMOOTH_OPTIONS = {
 def vsmooth_config(opts) -> VSmoothConfig | None:
     if not opts["vsmooth"]:
         return None
-    if opts["vsmooth_clusters"] < 1 or opts["vsmooth_iters"] < 0:
+    if opts["vsmooth_clusters"] < 1 or min(opts["vsmooth_iters"], opts["vsmooth_warm_iters"]) < 0:
         from vcbench.errors import UserError
 
-        raise UserError("vsmooth_clusters must be >= 1 and vsmooth_iters >= 0")
+        raise UserError("vsmooth_clusters must be >= 1, vsmooth_iters and vsmooth_warm_iters >= 0")
     return VSmoothConfig(order=opts["vsmooth_order"], clusters=opts["vsmooth_clusters"],
-                         iters=opts["vsmooth_iters"], cube=tuple(opts["vsmooth_cube"]),
+                         iters=opts["vsmooth_iters"], warm_iters=opts["vsmooth_warm_iters"],
+                         cube=tuple(opts["vsmooth_cube"]),
                          hadamard_v=opts["hadamard_v"], block_rows=opts["block_n"])
 
 

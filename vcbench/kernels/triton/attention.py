@@ -174,7 +174,7 @@ def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
 
 def launch(ops, out, *, qk_int8: bool, q_rows: int, expcast: bool, p_scale: float,
            vsmooth: bool, v_per_tile: bool, expcast_bias: float = 119.65, rowsum: int = 0,
-           mean_mma: int = 1, int_cvt: int = 1, block_m: int = 128, block_n: int = 128,
+           mean_mma: int = 2, int_cvt: int = 1, block_m: int = 128, block_n: int = 128,
            num_warps: int = 8, num_stages: int = 3):
     """Run the kernel on prepared operands (`vcbench.kernels.gpu.GpuOperands`); out is
     (B, H, N, D) in the input's dtype, any strides with a unit last stride. The defaults are
