@@ -6,11 +6,15 @@ optional V-Smooth, 128x128 tiles, FP32 accumulation). The plan decides the kerne
 so the emulation and the kernel read one declaration. `bf16` runs FlashAttention-4
 (`flash_attn.cute`) when it is installed, else cuDNN SDPA; `sage2-8bit` runs the official
 `sageattention` package when it is installed; both say which in `implementation(...)`.
+VCBENCH_KERNEL=sm90 runs the plans the compiled Hopper kernel covers (`compiled.py`) on it
+instead of Triton; without a current build it says why in one line and Triton runs.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -26,6 +30,7 @@ from vcbench.kernels.rotation import rotate
 from vcbench.kernels.vsmooth import group, token_mean
 
 TILE = 128
+KERNEL_ENV = "VCBENCH_KERNEL"  # triton (default) | sm90: the compiled kernel where it applies
 
 
 @lru_cache(maxsize=1)
@@ -81,6 +86,33 @@ def unsupported_reason(plan: Plan) -> str | None:
     return None
 
 
+def kernel_preference() -> str:
+    choice = os.environ.get(KERNEL_ENV, "").strip().lower() or "triton"
+    if choice not in ("triton", "sm90"):
+        raise UserError(f"{KERNEL_ENV} must be 'triton' or 'sm90', got {choice!r}")
+    return choice
+
+
+@lru_cache(maxsize=64)
+def _fallback_note(reason: str) -> None:
+    warnings.warn(f"{KERNEL_ENV}=sm90: {reason}; running the Triton kernel", stacklevel=3)
+
+
+def compiled_for(plan: Plan) -> bool:
+    """Whether `plan` runs on the compiled sm_90a kernel: asked for, supported, built."""
+    if kernel_preference() != "sm90":
+        return False
+    from vcbench.kernels import compiled
+
+    if compiled.unsupported_reason(plan) is not None:
+        return False
+    reason = compiled.status()
+    if reason is not None:
+        _fallback_note(reason)
+        return False
+    return True
+
+
 def implementation(method: Method) -> str | None:
     """What runs `method` with backend='gpu' on this machine, or None."""
     if not torch.cuda.is_available():
@@ -92,7 +124,7 @@ def implementation(method: Method) -> str | None:
     if method.name == "sage2-8bit" and official_sageattention() is not None:
         return f"sageattention {official_sageattention()[1]} (official)"
     if unsupported_reason(method.plan()) is None:
-        return "vcbench-triton"
+        return "vcbench-sm90" if compiled_for(method.plan()) else "vcbench-triton"
     return None
 
 
@@ -198,6 +230,11 @@ def kernel_switches(plan: Plan) -> dict:
 
 
 def run_prepared(ops: GpuOperands, plan: Plan, out: torch.Tensor, **tuning) -> torch.Tensor:
+    """Triton switches in `tuning` pick the Triton kernel; `variant=` the compiled one."""
+    if "variant" in tuning or (not tuning and compiled_for(plan)):
+        from vcbench.kernels import compiled
+
+        return compiled.run(ops, plan, out, **tuning)
     from vcbench.kernels.triton.attention import launch
 
     return launch(ops, out, **kernel_switches(plan), **tuning)

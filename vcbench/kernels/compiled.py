@@ -1,0 +1,230 @@
+"""The compiled VC-Attention kernel for Hopper (csrc/vc_attention_sm90.cu): build, load, run.
+
+Built on a machine with nvcc and a CUDA torch by `make kernels` (= `python -m
+vcbench.kernels.compiled build`) into a cache folder, one subfolder per hash of the sources,
+with torch.utils.cpp_extension (`-gencode=arch=compute_90a,code=sm_90a`: wgmma and setmaxnreg
+need the `a` target). Importing this module never compiles anything and never needs nvcc:
+`load()` only imports a build that matches the current sources, and `status()` says in one
+line why there is none (not built, built from other sources, no CUDA, not Hopper).
+
+It runs the prepared operands of `vcbench.kernels.gpu.prepare_gpu` (the same `GpuOperands`
+the Triton kernel reads) for plans with INT8 Q/K (Q per 16 or 128 rows, K per 128 keys),
+per-channel E4M3 V, P by ExpCast-FP8 or exp2-then-E4M3, optional V-Smooth, head dim 128:
+`vc-8bit`, `vc-8bit-vsmooth`, and `sage2-8bit`'s kernel. Variants: 0 "simple" (each consumer
+warpgroup runs QK, softmax, PV in turn), 1 "pingpong" (softmax overlapped with the matrix
+products within and across the two consumer warpgroups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import math
+import os
+import shutil
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = ("vc_attention_sm90.cu", "binding.cpp")
+HEADERS = ("vc_attention_sm90.h", "wgmma_sm90.cuh")
+VARIANTS = {"simple": 0, "pingpong": 1}
+DEFAULT_VARIANT = "pingpong"
+IMPLEMENTATION = "vcbench-sm90"
+ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"
+
+
+@lru_cache(maxsize=1)
+def source_hash() -> str:
+    """12 hex digits over every source and header: a build is current only for this hash."""
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update(name.encode())
+        h.update((CSRC / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("VCBENCH_KERNEL_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "vcbench" / "kernels"
+
+
+def module_name(digest: str | None = None) -> str:
+    return f"_vc_sm90_{digest or source_hash()}"
+
+
+def build_dir(digest: str | None = None) -> Path:
+    return cache_dir() / module_name(digest)
+
+
+def library_path(digest: str | None = None) -> Path:
+    """Where torch.utils.cpp_extension.load leaves the library: <build dir>/<module>.so."""
+    return build_dir(digest) / f"{module_name(digest)}.so"
+
+
+def build_flags(digest: str | None = None) -> dict:
+    """The compiler flags `build` hands to torch.utils.cpp_extension.load. An explicit
+    -gencode stops torch from adding its own arch flags (a plain sm_90 pass would reject
+    wgmma); no -std: torch picks the one its headers need (the .cu does not include torch)."""
+    define = f"-DVC_SOURCE_HASH_ID=h{digest or source_hash()}"  # no quotes: ninja runs sh
+    return {
+        "extra_cuda_cflags": [ARCH_FLAG, "-O3", "-Xptxas=-v", "-lineinfo", define],
+        "extra_cflags": ["-O3", define],
+    }
+
+
+def stale_builds() -> list[str]:
+    """Hashes of builds in the cache that are not the current sources'."""
+    if not cache_dir().is_dir():
+        return []
+    current = module_name()
+    return sorted(p.name.removeprefix("_vc_sm90_") for p in cache_dir().glob("_vc_sm90_*")
+                  if p.name != current and (p / f"{p.name}.so").exists())
+
+
+def missing_reason() -> str | None:
+    """Why there is no current build (one line), or None if there is one."""
+    if library_path().exists():
+        return None
+    stale = stale_builds()
+    if stale:
+        return (f"compiled kernel is stale: {cache_dir()} holds builds of other sources "
+                f"({', '.join(stale)}), none of {source_hash()}; run `make kernels`")
+    return f"compiled kernel not built (no {library_path()}); run `make kernels`"
+
+
+def device_reason() -> str | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "compiled kernel needs a CUDA GPU"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return (f"compiled kernel is built for sm_90a (Hopper); this GPU is "
+                f"sm_{''.join(map(str, torch.cuda.get_device_capability()))}")
+    return None
+
+
+@lru_cache(maxsize=1)
+def status() -> str | None:
+    """None when the compiled kernel can run here, else one line saying why not (cached: a
+    build in this process clears it)."""
+    return device_reason() or missing_reason()
+
+
+@lru_cache(maxsize=1)
+def load():
+    """The extension module of the current sources, or None (see `status`). Never builds."""
+    if status() is not None:
+        return None
+    import torch  # noqa: F401  (the library links against torch's shared libraries)
+
+    spec = importlib.util.spec_from_file_location(module_name(), library_path())
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build(verbose: bool = False, force: bool = False):
+    """Compile the extension for the current sources (needs nvcc and a CUDA torch); returns
+    the module. Seconds spent are in `build.seconds`."""
+    import torch.utils.cpp_extension as cpp
+
+    if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
+        raise RuntimeError("building the compiled kernel needs nvcc (CUDA toolkit) on PATH")
+    digest = source_hash()
+    out = build_dir(digest)
+    if force and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    module = cpp.load(name=module_name(digest), sources=[str(CSRC / s) for s in SOURCES],
+                      build_directory=str(out), verbose=verbose, **build_flags(digest))
+    build.seconds = time.perf_counter() - start
+    status.cache_clear()
+    load.cache_clear()
+    return module
+
+
+build.seconds = None
+
+
+def unsupported_reason(plan, head_dim: int = 128) -> str | None:
+    """Why the compiled kernel cannot run this plan, or None if it can (a subset of what the
+    Triton kernel runs: INT8 QK, per-channel V)."""
+    from vcbench.kernels.formats import E4M3, INT8
+    from vcbench.kernels.gpu import unsupported_reason as triton_reason
+    from vcbench.kernels.granularity import PerBlock, PerChannel
+    from vcbench.kernels.probability import ExpCast
+
+    reason = triton_reason(plan)
+    if reason:
+        return reason
+    if plan.q.fmt is not INT8:
+        return "the compiled kernel takes INT8 Q/K"
+    if plan.v.fmt is not E4M3 or not isinstance(plan.v.granularity, PerChannel):
+        return "the compiled kernel takes per-channel E4M3 V"
+    rows = plan.q.granularity.rows if isinstance(plan.q.granularity, PerBlock) else None
+    if rows is None or rows < 16 or 128 % rows:
+        return "the compiled kernel takes Q scales per 16..128 rows"
+    if head_dim != 128:
+        return "the compiled kernel takes head dim 128"
+    if not isinstance(plan.p, ExpCast) and float(plan.p.scale) <= 0:
+        return "P scale must be positive"
+    return None
+
+
+def arguments(ops, plan) -> dict:
+    """The kernel's scalar arguments for a plan (the compiled twin of gpu.kernel_switches)."""
+    from vcbench.kernels.probability import ExpCast
+
+    expcast = isinstance(plan.p, ExpCast)
+    return dict(n=ops.n, q_rows=plan.q.granularity.rows, expcast=expcast,
+                expcast_bias=120.0 + (plan.p.beta if expcast else 0.0),
+                log2_p_scale=0.0 if expcast else math.log2(float(plan.p.scale)))
+
+
+def run(ops, plan, out, variant: str | int = DEFAULT_VARIANT):
+    """Attention of prepared operands into `out` (B, H, N, D), bf16/fp16, any strides with a
+    unit last stride. Raises RuntimeError with `status()` when the kernel cannot run here."""
+    module = load()
+    if module is None:
+        raise RuntimeError(status())
+    reason = unsupported_reason(plan, ops.q.shape[-1])
+    if reason:
+        raise RuntimeError(reason)
+    v = VARIANTS[variant] if isinstance(variant, str) else int(variant)
+    return module.forward(ops.q, ops.q_scale, ops.k, ops.k_scale, ops.v_t, ops.v_scale,
+                          ops.v_mean, out, variant=v, **arguments(ops, plan))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m vcbench.kernels.compiled",
+                                 description="build or inspect the compiled sm_90a kernel")
+    ap.add_argument("command", choices=("build", "status", "flags"))
+    ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--force", action="store_true", help="rebuild even if a build exists")
+    args = ap.parse_args(argv)
+    if args.command == "flags":
+        print(module_name(), build_flags())
+        return 0
+    if args.command == "status":
+        reason = status()
+        print(reason or f"ready: {library_path()}")
+        return 0 if reason is None else 1
+    module = build(verbose=args.verbose, force=args.force)
+    print(f"built {library_path()} in {build.seconds:.1f} s")
+    try:
+        print(module.describe(), end="")
+    except RuntimeError as e:  # no GPU on the build machine: attributes need a device
+        print(f"(no variant attributes: {e})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

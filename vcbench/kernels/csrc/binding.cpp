@@ -1,0 +1,96 @@
+// Torch binding of the compiled VC-Attention kernel: checks the prepared operands
+// (vcbench.kernels.gpu.GpuOperands) and calls vc::forward on the current stream.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include "vc_attention_sm90.h"
+
+#ifndef VC_SOURCE_HASH_ID
+#define VC_SOURCE_HASH_ID unknown
+#endif
+#define VC_STR2(x) #x
+#define VC_STR(x) VC_STR2(x)
+
+namespace {
+
+void check(const torch::Tensor& t, const char* name, at::ScalarType dtype,
+           std::initializer_list<int64_t> shape) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(t.sizes().vec() == std::vector<int64_t>(shape), name, " must have shape ",
+              c10::IntArrayRef(shape), ", got ", t.sizes());
+}
+
+// out = attention of the prepared operands; returns out. variant: 0 simple, 1 ping-pong.
+torch::Tensor forward(torch::Tensor q, torch::Tensor q_scale, torch::Tensor k,
+                      torch::Tensor k_scale, torch::Tensor v_t, torch::Tensor v_scale,
+                      c10::optional<torch::Tensor> v_mean, torch::Tensor out, int64_t n,
+                      int64_t q_rows, bool expcast, double expcast_bias, double log2_p_scale,
+                      int64_t variant) {
+  TORCH_CHECK(q.dim() == 4, "q must be (B, H, N_pad, D)");
+  const int64_t b = q.size(0), h = q.size(1), n_pad = q.size(2), d = q.size(3);
+  TORCH_CHECK(d == 128, "the compiled kernel takes head dim 128, got ", d);
+  TORCH_CHECK(q_rows > 0 && n_pad % q_rows == 0, "q_rows must divide N_pad");
+  check(q, "q", at::kChar, {b, h, n_pad, d});
+  check(q_scale, "q_scale", at::kFloat, {b, h, n_pad / q_rows});
+  check(k, "k", at::kChar, {b, h, n_pad, d});
+  check(k_scale, "k_scale", at::kFloat, {b, h, n_pad / 128});
+  check(v_t, "v_t", at::kFloat8_e4m3fn, {b, h, d, n_pad});
+  check(v_scale, "v_scale", at::kFloat, {b, h, d});
+  if (v_mean.has_value()) check(*v_mean, "v_mean", at::kHalf, {b, h, n_pad / 128, d});
+  TORCH_CHECK(out.is_cuda() && (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf),
+              "out must be a bf16 or fp16 CUDA tensor");
+  TORCH_CHECK(out.dim() == 4 && out.size(0) == b && out.size(1) == h && out.size(2) == n &&
+                  out.size(3) == d,
+              "out must be (B, H, n, D) = (", b, ", ", h, ", ", n, ", ", d, "), got ", out.sizes());
+  TORCH_CHECK(out.stride(3) == 1 && out.stride(0) % 2 == 0 && out.stride(1) % 2 == 0 &&
+                  out.stride(2) % 2 == 0,
+              "out needs a unit last stride and even other strides");
+  TORCH_CHECK(q.device() == out.device() && k.device() == out.device() && v_t.device() == out.device(),
+              "all tensors on one device");
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  vc::ForwardArgs a{};
+  a.q = q.data_ptr();
+  a.q_scale = q_scale.data_ptr<float>();
+  a.k = k.data_ptr();
+  a.k_scale = k_scale.data_ptr<float>();
+  a.v_t = v_t.data_ptr();
+  a.v_scale = v_scale.data_ptr<float>();
+  a.v_mean = v_mean.has_value() ? v_mean->data_ptr() : nullptr;
+  a.out = out.data_ptr();
+  a.out_sb = out.stride(0);
+  a.out_sh = out.stride(1);
+  a.out_sn = out.stride(2);
+  a.batch = static_cast<int>(b);
+  a.heads = static_cast<int>(h);
+  a.n = static_cast<int>(n);
+  a.n_pad = static_cast<int>(n_pad);
+  a.q_rows = static_cast<int>(q_rows);
+  a.expcast = expcast;
+  a.out_bf16 = out.scalar_type() == at::kBFloat16;
+  a.expcast_bias = static_cast<float>(expcast_bias);
+  a.log2_p_scale = static_cast<float>(log2_p_scale);
+  a.variant = static_cast<int>(variant);
+  a.stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  const char* err = vc::forward(a);
+  TORCH_CHECK(err == nullptr, "vc_sm90: ", err ? err : "");
+  return out;
+}
+
+std::string describe() { return vc::describe(); }
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "VC-Attention forward for Hopper (sm_90a), vcbench";
+  m.def("forward", &forward, "attention of prepared operands (see vc_attention_sm90.h)",
+        py::arg("q"), py::arg("q_scale"), py::arg("k"), py::arg("k_scale"), py::arg("v_t"),
+        py::arg("v_scale"), py::arg("v_mean"), py::arg("out"), py::arg("n"), py::arg("q_rows"),
+        py::arg("expcast"), py::arg("expcast_bias"), py::arg("log2_p_scale"),
+        py::arg("variant"));
+  m.def("describe", &describe, "registers and shared memory of each compiled variant");
+  m.attr("SOURCE_HASH") = VC_STR(VC_SOURCE_HASH_ID);  // "h" + compiled.source_hash()
+}

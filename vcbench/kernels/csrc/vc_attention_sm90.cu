@@ -1,0 +1,855 @@
+// VC-Attention forward for Hopper (sm_90a): INT8 QK^T and FP8 PV on wgmma, Q/K/V tiles by TMA
+// into a multi-stage shared-memory pipeline on mbarriers, one producer warpgroup and two
+// consumer warpgroups (64 query rows each), ExpCast-FP8 or exp2-then-cast for P, V-Smooth's
+// mean restored in the same accumulator (paper Equation 6). Semantics: the Triton kernel
+// (vcbench/kernels/triton/attention.py) and its oracle, the emulation (online.py).
+//
+// Layout decisions (each is argued in docs/perf.md, "compiled kernel (issue 7)"):
+//
+// * 64 query rows per consumer warpgroup. A 64x128 S tile is 64 s32 registers per thread and
+//   the 64x128 output accumulator 64 fp32 more; 128 rows per warpgroup would need 256 for
+//   those two alone, over the 255-register limit.
+//
+// * P goes from the QK accumulator to the FP8 A operand of the PV wgmma without any shuffle.
+//   The s32 accumulator gives thread (warp w, lane = 4g + q) the columns 8c + 2q + {0,1} of
+//   rows 16w + g (+8); the 8-bit A fragment wants keys 32kk + 16h + 4q + {0..3}. Instead of
+//   moving bytes between threads, the K tile is loaded into shared memory with its rows
+//   permuted so that S column n = 64h + 8G + 2q' + b holds key 16G + 4q' + 2h + b: then the
+//   thread's own columns of blocks c = G and c = 8 + G are exactly the four consecutive keys
+//   its A register needs, and two PRMTs build each register. The permutation costs nothing:
+//   it is two 4-D TMA boxes per K tile (box {128 channels, 2 keys, 4 key pairs, 8 groups of
+//   16} over strides {128, 512, 2048} bytes, starting at key 0 and key 2 of the tile).
+//
+// * ExpCast-FP8: one FFMA from the integer score (converted by I2FP) to t = 8 S + 120 + beta
+//   - 8 m, a max with 0, and the magic-number add whose low byte is rne(t): the E4M3 code.
+//   No MUFU on the P path. The row sum of the decoded codes comes from the tensor core: the
+//   PV wgmma is N = 136 with an extra V row of ones (E4M3 1.0 = 0x38) and seven of zeros, so
+//   column 128 of the accumulator is P's row sum in FP32. Those four accumulator registers are
+//   zeroed before every PV, so each tile's row sum r_j is read exactly (for Equation 6).
+//
+// * V-Smooth's mean term: each tile's (r_j, m_j) goes to shared memory; every 16 tiles one
+//   m16n8k16 FP16 mma.sync per 8 output columns adds sum_t f16(r_t 2^(m_t - m)) mu_t^T to the
+//   accumulator (the means of 16 tiles come in by one bulk copy, 4 KB). The weights
+//   2^(m_t - m) are the products of the alphas the accumulator saw since tile t.
+//
+// * Variant 0 ("simple"): each consumer warpgroup runs QK, softmax, PV in order on its tile.
+//   Variant 1 ("pingpong"): within a warpgroup QK_j and PV_{j-1} are issued together and the
+//   softmax of tile j runs while PV_{j-1} is on the tensor core; across the two warpgroups a
+//   pair of named barriers makes them take turns issuing, so one's softmax overlaps the
+//   other's matrix products.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <climits>
+
+#include "vc_attention_sm90.h"
+#include "wgmma_sm90.cuh"
+
+namespace vc {
+
+constexpr int D = 128;           // head dim
+constexpr int BN = 128;          // keys per KV tile = K scale block = V-Smooth block
+constexpr int NC = 2;            // consumer warpgroups
+constexpr int BM = 64 * NC;      // query rows per CTA
+constexpr int THREADS = 128 * (NC + 1);
+constexpr int MEAN_BATCH = 16;   // KV tiles per V-Smooth mean MMA
+constexpr int PRODUCER_REGS = 40;
+constexpr int CONSUMER_REGS = 232;  // 128 x 40 + 256 x 232 = 64512 <= 65536
+static_assert(128 * PRODUCER_REGS + 128 * NC * CONSUMER_REGS <= 65536, "register file");
+
+struct Params {
+  const float* q_scale;
+  const float* k_scale;
+  const float* v_scale;
+  const __half* v_mean;
+  void* out;
+  long long out_sb, out_sh, out_sn;
+  int heads, n, n_pad, n_tiles, q_rows, out_bf16;
+  float expcast_bias, log2_p_scale;
+};
+
+template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES>
+struct Config {
+  static constexpr int PV_N = EXPCAST ? 136 : 128;  // + ones column (ExpCast's row sum)
+  static constexpr int NACC = PV_N / 2;             // accumulator registers per thread
+  static constexpr int Q_BYTES = BM * D;
+  static constexpr int K_BYTES = BN * D;
+  static constexpr int V_BYTES = D * BN + (EXPCAST ? 1024 : 0);  // + 8 rows: ones, zeros
+  static constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
+  static constexpr int Q_OFF = 0;
+  static constexpr int STAGE_OFF = Q_OFF + Q_BYTES;
+  static constexpr int MBUF_OFF = STAGE_OFF + STAGES * STAGE_BYTES;
+  static constexpr int MBUF_BYTES = VSMOOTH ? 2 * MEAN_BATCH * D * 2 : 0;  // 2 x 16 x 128 fp16
+  static constexpr int RBUF_OFF = MBUF_OFF + MBUF_BYTES;
+  static constexpr int RBUF_BYTES = VSMOOTH ? NC * MEAN_BATCH * 64 * 8 : 0;  // (r, m) per row
+  static constexpr int BAR_OFF = RBUF_OFF + RBUF_BYTES;
+  static constexpr int BAR_BYTES = (2 * STAGES + 1) * 8;
+  static constexpr int ALLOC = BAR_OFF + BAR_BYTES + 1024;  // + slack to align the base
+  static_assert(STAGE_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms");
+  static_assert(STAGES >= 2 && STAGES < MEAN_BATCH, "mean buffers are reused every 2 batches");
+};
+
+// ------------------------------------------------------------------------------------------
+// PTX wrappers
+// ------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Pins registers at this point of the program: the compiler may not move their reads or
+// writes across it (the wgmma writes them asynchronously until the wait).
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// Two FP32 values to two E4M3 bytes (round to nearest even, saturating): lo in byte 0.
+__device__ __forceinline__ uint32_t e4m3x2(float hi, float lo) {
+  uint16_t d;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+// Two FP32 values to an f16x2 (lo in the low half), round to nearest even.
+__device__ __forceinline__ uint32_t f16x2(float hi, float lo) {
+  uint32_t d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1,
+                                                  uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+
+__device__ __forceinline__ void mma_f16_16816(float& c0, float& c1, float& c2, float& c3,
+                                              const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// wgmma shared-memory descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart
+// (LBO is unused for this layout). The tile base must be 1024-byte aligned; a k-step of 32
+// bytes advances the start address by 2 (16-byte units).
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+// ------------------------------------------------------------------------------------------
+// The consumer's pieces
+// ------------------------------------------------------------------------------------------
+// Key (0..127 within the tile) held in S column 8c + 2q + b, given the K row permutation.
+__device__ __forceinline__ int key_of(int c, int q, int b) {
+  return 16 * (c & 7) + 4 * q + 2 * (c >> 3) + b;
+}
+
+// S = Q K_j^T for this warpgroup's 64 rows: 4 k-steps of 32 channels.
+__device__ __forceinline__ void issue_qk(uint32_t (&s)[64], uint64_t desc_q, uint64_t desc_k) {
+  wgmma_s8_ss_n128_first(s, desc_q, desc_k);  // overwrites: the old S is dead by now
+#pragma unroll
+  for (int kk = 1; kk < 4; ++kk) wgmma_s8_ss_n128(s, desc_q + 2 * kk, desc_k + 2 * kk, 1);
+}
+
+// acc += P V_j: 4 k-steps of 32 keys, P from registers.
+template <int NACC>
+__device__ __forceinline__ void issue_pv(float (&acc)[NACC], const uint32_t (&p)[16],
+                                         uint64_t desc_v) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    if constexpr (NACC == 68)
+      wgmma_e4m3_rs_n136(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                         desc_v + 2 * kk);
+    else
+      wgmma_e4m3_rs_n128(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                         desc_v + 2 * kk);
+  }
+}
+
+// The online softmax of one S tile. This thread holds rows r (h = 0) and r + 8 (h = 1), S
+// columns 8c + 2q + b (s[4c + 2h + b]). On return m holds the new running max, alpha the
+// rescale of the accumulator, rsum (exp2 path) the full row sums of P, and s[4c + 2h] the two
+// P bytes of columns 8c + 2q, +1 in its low 16 bits (pack_p builds the A fragment from them).
+// c_scale: q_scale * k_scale (S = raw * c_scale, log2 units).
+template <bool EXPCAST, bool MASK>
+__device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], float (&alpha)[2],
+                                             float (&rsum)[2], float c_scale, float expcast_bias,
+                                             float log2_p_scale, int n_valid, int q) {
+  int mx[2] = {INT_MIN, INT_MIN};
+#pragma unroll
+  for (int c = 0; c < 16; ++c)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        int v = static_cast<int>(s[4 * c + 2 * h + b]);
+        if (MASK && key_of(c, q, b) >= n_valid) v = INT_MIN;
+        mx[h] = max(mx[h], v);
+      }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = max(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = max(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+  }
+  float m_new[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    m_new[h] = fmaxf(m[h], static_cast<float>(mx[h]) * c_scale);  // c_scale >= 0
+    alpha[h] = (m_new[h] == m[h]) ? 1.f : ex2(m[h] - m_new[h]);    // per row: MUFU allowed
+    m[h] = m_new[h];
+  }
+  if constexpr (EXPCAST) {
+    // t = S*8 + (120 + beta - 8m): one FFMA from the raw score; the code is rne(max(t, 0)).
+    const float c8 = c_scale * 8.f;
+    const float bias[2] = {expcast_bias - m_new[0] * 8.f, expcast_bias - m_new[1] * 8.f};
+#pragma unroll
+    for (int c = 0; c < 16; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t u[2];
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          float t = fmaf(static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b])), c8, bias[h]);
+          if (MASK && key_of(c, q, b) >= n_valid) t = 0.f;
+          t = fmaxf(t, 0.f);  // below 0 the code underflows to 0; t <= 120 + beta by construction
+          u[b] = __float_as_uint(t + 12582912.f);  // 1.5 * 2^23: the low byte is rne(t)
+        }
+        s[4 * c + 2 * h] = prmt(u[0], u[1], 0x0040);  // byte 0: column b = 0, byte 1: b = 1
+      }
+  } else {
+    // exp2(S - m + log2 P_SCALE), one FFMA into the exponent; P = E4M3(p), r = sum of p.
+    const float bias[2] = {log2_p_scale - m_new[0], log2_p_scale - m_new[1]};
+    rsum[0] = rsum[1] = 0.f;
+#pragma unroll
+    for (int c = 0; c < 16; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float pf[2];
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          float x = fmaf(static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b])), c_scale,
+                         bias[h]);
+          if (MASK && key_of(c, q, b) >= n_valid) x = -INFINITY;
+          pf[b] = ex2(x);
+          rsum[h] += pf[b];
+        }
+        s[4 * c + 2 * h] = e4m3x2(pf[1], pf[0]);
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      rsum[h] += __shfl_xor_sync(0xffffffffu, rsum[h], 1);
+      rsum[h] += __shfl_xor_sync(0xffffffffu, rsum[h], 2);
+    }
+  }
+}
+
+// The FP8 A fragment of P for the 4 PV k-steps: register 4kk + 2half + h holds keys
+// 32kk + 16half + 4q + {0..3} of row r + 8h: bytes {0,1} from S block c = 2kk + half, bytes
+// {2,3} from block c + 8 (the K row permutation puts them there).
+__device__ __forceinline__ void pack_p(uint32_t (&p)[16], const uint32_t (&s)[64]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int ca = 2 * kk + half;
+        p[4 * kk + 2 * half + h] = prmt(s[4 * ca + 2 * h], s[4 * (ca + 8) + 2 * h], 0x5410);
+      }
+}
+
+// acc *= alpha (per row), skipped when no row of the warp changed its max (alpha == 1
+// exactly, so skipping is bit-identical); l *= alpha; ExpCast's row-sum column zeroed.
+template <bool EXPCAST, int NACC>
+__device__ __forceinline__ void rescale(float (&acc)[NACC], float (&l)[2], const float (&alpha)[2]) {
+  const bool changed = alpha[0] != 1.f || alpha[1] != 1.f;
+  if (__any_sync(0xffffffffu, changed)) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] *= alpha[(i >> 1) & 1];
+  }
+  l[0] *= alpha[0];
+  l[1] *= alpha[1];
+  if constexpr (EXPCAST) {
+#pragma unroll
+    // x * 0 (x: a finite row sum) rather than the constant 0: a constant becomes a fresh
+    // register that ptxas then copies into the wgmma accumulator block, which made it
+    // serialize the ping-pong variant's wgmmas (C7511); the multiply keeps the register.
+    for (int i = 64; i < NACC; ++i) acc[i] *= 0.f;
+  }
+}
+
+// V-Smooth: acc += sum over the batch's tiles t of f16(r_t 2^(m_t - m_ref)) f16(mu_t)^T, one
+// m16n8k16 per 8 output columns. rbuf: this warpgroup's [16 slots][64 rows] of (r, m).
+template <int NACC>
+__device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbuf, uint32_t mbuf,
+                                           const float (&m_ref)[2], int count, int cw, int warp,
+                                           int lane) {
+  const int q = lane & 3, g = lane >> 2;
+  const int row = warp * 16 + g;
+  named_sync(3 + cw, 128);  // the (r, m) slots written by the q == 0 threads are visible
+  uint32_t a[4];
+#pragma unroll
+  for (int hk = 0; hk < 2; ++hk)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float v[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int t = 2 * q + 8 * hk + e;
+        const float2 rm = rbuf[t * 64 + row + 8 * h];
+        v[e] = (t < count) ? rm.x * ex2(rm.y - m_ref[h]) : 0.f;
+      }
+      a[2 * hk + h] = f16x2(v[1], v[0]);
+    }
+  named_sync(3 + cw, 128);  // every read done before the next batch writes slot 0
+  const int mi = lane >> 3, rr = lane & 7;
+#pragma unroll
+  for (int nb2 = 0; nb2 < 8; ++nb2) {
+    const uint32_t addr = mbuf + (rr + 8 * (mi & 1)) * (D * 2) + (nb2 * 16 + 8 * (mi >> 1)) * 2;
+    uint32_t b0, b1, b2, b3;
+    ldmatrix_x4_trans(addr, b0, b1, b2, b3);
+    mma_f16_16816(acc[8 * nb2 + 0], acc[8 * nb2 + 1], acc[8 * nb2 + 2], acc[8 * nb2 + 3], a, b0,
+                  b1);
+    mma_f16_16816(acc[8 * nb2 + 4], acc[8 * nb2 + 5], acc[8 * nb2 + 6], acc[8 * nb2 + 7], a, b2,
+                  b3);
+  }
+}
+
+// After PV_j completed: l += r_j, and V-Smooth's bookkeeping for tile j (m_j: the max P_j
+// was encoded against, which is also what the accumulator is referenced to right now).
+template <bool EXPCAST, bool VSMOOTH, int NACC>
+__device__ __forceinline__ void finish_tile(float (&acc)[NACC], float (&l)[2],
+                                            const float (&rpend)[2], const float (&m_j)[2], int j,
+                                            int n_tiles, float2* rbuf, uint32_t mbuf_base, int cw,
+                                            int warp, int lane) {
+  float r[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    // ExpCast: column 128 (thread q == 0) is P's row sum; the other threads read zero columns.
+    r[h] = EXPCAST ? acc[64 + 2 * h] : rpend[h];
+    l[h] += r[h];
+  }
+  if constexpr (VSMOOTH) {
+    const int t = j % MEAN_BATCH;
+    if ((lane & 3) == 0) {
+      const int row = warp * 16 + (lane >> 2);
+      rbuf[t * 64 + row] = make_float2(r[0], m_j[0]);
+      rbuf[t * 64 + row + 8] = make_float2(r[1], m_j[1]);
+    }
+    if (t == MEAN_BATCH - 1 || j == n_tiles - 1) {
+      const uint32_t mbuf = mbuf_base + ((j / MEAN_BATCH) & 1) * (MEAN_BATCH * D * 2);
+      mean_flush(acc, rbuf, mbuf, m_j, t + 1, cw, warp, lane);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// The kernel
+// ------------------------------------------------------------------------------------------
+template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES>
+__global__ void __launch_bounds__(THREADS, 1)
+    vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
+                        const __grid_constant__ CUtensorMap tm_k0,
+                        const __grid_constant__ CUtensorMap tm_k1,
+                        const __grid_constant__ CUtensorMap tm_v, const Params prm) {
+  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* smem = smem_raw + (base - raw);
+  const uint32_t s_q = base + C::Q_OFF;
+  const uint32_t s_stage = base + C::STAGE_OFF;  // stage st: K at +st*STAGE_BYTES, V after it
+  const uint32_t s_mbuf = base + C::MBUF_OFF;
+  const uint32_t bar = base + C::BAR_OFF;  // full[STAGES], empty[STAGES], q
+  auto full = [&](int st) { return bar + 8 * st; };
+  auto empty = [&](int st) { return bar + 8 * (STAGES + st); };
+  const uint32_t bar_q = bar + 8 * 2 * STAGES;
+
+  const int m_block = blockIdx.x;
+  const int bh = blockIdx.y;
+  const int wg = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128;
+  const int n_tiles = prm.n_tiles;
+
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < STAGES; ++st) {
+      mbar_init(full(st), 1);
+      mbar_init(empty(st), 128 * NC);
+    }
+    mbar_init(bar_q, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  if constexpr (EXPCAST) {  // the 8 extra V rows: row 128 all E4M3 1.0 (0x38), 129..135 zero
+    for (int i = threadIdx.x; i < STAGES * 256; i += THREADS) {
+      const int st = i / 256, w = i % 256;
+      uint32_t* ones = reinterpret_cast<uint32_t*>(smem + C::STAGE_OFF + st * C::STAGE_BYTES +
+                                                   C::K_BYTES + D * BN);
+      ones[w] = w < 32 ? 0x38383838u : 0u;
+    }
+  }
+  if constexpr (VSMOOTH) {  // mean rows past the last tile are multiplied by 0: keep them finite
+    uint32_t* mb = reinterpret_cast<uint32_t*>(smem + C::MBUF_OFF);
+    for (int i = threadIdx.x; i < C::MBUF_BYTES / 4; i += THREADS) mb[i] = 0u;
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // seen by wgmma / TMA
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- producer: one thread issues every copy ----------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+    if (tid == 0) {
+      prefetch_tensormap(&tm_q);
+      prefetch_tensormap(&tm_k0);
+      prefetch_tensormap(&tm_k1);
+      prefetch_tensormap(&tm_v);
+      mbar_expect_tx(bar_q, C::Q_BYTES);
+      tma_load_2d(s_q, &tm_q, bar_q, 0, bh * prm.n_pad + m_block * BM);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int st = j % STAGES;
+        mbar_wait(empty(st), ((j / STAGES) & 1) ^ 1);
+        uint32_t bytes = C::K_BYTES + D * BN;
+        int mean_tiles = 0;
+        if (VSMOOTH && j % MEAN_BATCH == 0) {
+          mean_tiles = min(MEAN_BATCH, n_tiles - j);
+          bytes += mean_tiles * D * 2;
+        }
+        mbar_expect_tx(full(st), bytes);
+        const uint32_t s_k = s_stage + st * C::STAGE_BYTES;
+        const int g0 = (bh * prm.n_pad + j * BN) / 16;
+        tma_load_4d(s_k, &tm_k0, full(st), 0, 0, 0, g0);             // keys 16G + 4q + {0,1}
+        tma_load_4d(s_k + C::K_BYTES / 2, &tm_k1, full(st), 0, 0, 0, g0);  // 16G + 4q + {2,3}
+        tma_load_2d(s_k + C::K_BYTES, &tm_v, full(st), j * BN, bh * D);
+        if (VSMOOTH && mean_tiles > 0) {
+          const __half* src = prm.v_mean + (static_cast<size_t>(bh) * n_tiles + j) * D;
+          bulk_load(s_mbuf + ((j / MEAN_BATCH) & 1) * (MEAN_BATCH * D * 2), src,
+                    mean_tiles * D * 2, full(st));
+        }
+      }
+    }
+  } else {
+    // ---------------- consumers: 64 query rows each ----------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    const int cw = wg - 1;
+    const int warp = tid / 32, lane = tid % 32, q = lane & 3, g = lane >> 2;
+    const int row0 = m_block * BM + cw * 64 + warp * 16 + g;  // rows row0, row0 + 8
+    const float q_scale =
+        prm.q_scale[static_cast<size_t>(bh) * (prm.n_pad / prm.q_rows) + row0 / prm.q_rows];
+    const float* k_scale = prm.k_scale + static_cast<size_t>(bh) * n_tiles;
+    const int masked = (prm.n % BN) ? n_tiles - 1 : -1;  // the tile holding padded keys
+    float2* rbuf = reinterpret_cast<float2*>(smem + C::RBUF_OFF) + cw * MEAN_BATCH * 64;
+
+    float acc[C::NACC];
+#pragma unroll
+    for (int i = 0; i < C::NACC; ++i) acc[i] = 0.f;
+    uint32_t s[64];
+    uint32_t p[16];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2], rsum[2] = {0.f, 0.f};
+    float rpend[2] = {0.f, 0.f};
+
+    const uint64_t desc_q = desc_sw128(s_q + cw * 64 * D);
+    auto desc_k = [&](int st) { return desc_sw128(s_stage + st * C::STAGE_BYTES); };
+    auto desc_v = [&](int st) { return desc_sw128(s_stage + st * C::STAGE_BYTES + C::K_BYTES); };
+    // K scales one tile ahead, so the load is in flight during the QK product.
+    float ks_next = __ldg(k_scale);
+    auto softmax = [&](int j) {
+      const float c_scale = q_scale * ks_next;
+      if (j + 1 < n_tiles) ks_next = __ldg(k_scale + j + 1);
+      if (j == masked)
+        softmax_tile<EXPCAST, true>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+                                    prm.log2_p_scale, prm.n - j * BN, q);
+      else
+        softmax_tile<EXPCAST, false>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+                                     prm.log2_p_scale, BN, q);
+    };
+
+    mbar_wait(bar_q, 0);
+
+    if constexpr (!PINGPONG) {
+      for (int j = 0; j < n_tiles; ++j) {
+        const int st = j % STAGES;
+        mbar_wait(full(st), (j / STAGES) & 1);
+        wgmma_fence();
+        issue_qk(s, desc_q, desc_k(st));
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(s);
+        softmax(j);
+        rescale<EXPCAST>(acc, l, alpha);
+        pack_p(p, s);
+        reg_fence(acc);  // materialize acc (e.g. the zeroed row-sum column) before the fence
+        reg_fence(p);
+        wgmma_fence();
+        issue_pv(acc, p, desc_v(st));
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(acc);
+        reg_fence(p);
+        mbar_arrive(empty(st));
+        finish_tile<EXPCAST, VSMOOTH>(acc, l, rsum, m, j, n_tiles, rbuf, s_mbuf, cw, warp, lane);
+      }
+    } else {
+      // Turn-taking between the two consumer warpgroups: warpgroup cw issues after waiting on
+      // barrier 1 + cw and hands over with barrier 2 - cw. Warpgroup 1 lets warpgroup 0 go
+      // first and skips its hand-over at the last issue, so every arrive meets one sync.
+      const int my_turn = 1 + cw, their_turn = 2 - cw;
+      if (cw == 1) named_arrive(1, 256);
+      // tile 0: QK only
+      mbar_wait(full(0), 0);
+      named_sync(my_turn, 256);
+      wgmma_fence();
+      issue_qk(s, desc_q, desc_k(0));
+      wgmma_commit();
+      named_arrive(their_turn, 256);
+      wgmma_wait<0>();
+      reg_fence(s);
+      softmax(0);
+      rescale<EXPCAST>(acc, l, alpha);
+      pack_p(p, s);
+      rpend[0] = rsum[0];
+      rpend[1] = rsum[1];
+      for (int j = 1; j < n_tiles; ++j) {
+        const int st = j % STAGES, prev = (j - 1) % STAGES;
+        mbar_wait(full(st), (j / STAGES) & 1);
+        named_sync(my_turn, 256);
+        reg_fence(acc);
+        reg_fence(p);
+        wgmma_fence();
+        issue_qk(s, desc_q, desc_k(st));
+        wgmma_commit();
+        issue_pv(acc, p, desc_v(prev));
+        wgmma_commit();
+        named_arrive(their_turn, 256);
+        wgmma_wait<1>();  // QK_j done; PV_{j-1} may still run
+        reg_fence(s);
+        const float m_prev[2] = {m[0], m[1]};
+        softmax(j);
+        wgmma_wait<0>();  // PV_{j-1} done
+        reg_fence(acc);
+        reg_fence(p);
+        mbar_arrive(empty(prev));
+        finish_tile<EXPCAST, VSMOOTH>(acc, l, rpend, m_prev, j - 1, n_tiles, rbuf, s_mbuf, cw,
+                                      warp, lane);
+        rpend[0] = rsum[0];
+        rpend[1] = rsum[1];
+        rescale<EXPCAST>(acc, l, alpha);
+        pack_p(p, s);
+      }
+      const int last = n_tiles - 1;
+      named_sync(my_turn, 256);
+      reg_fence(acc);
+      reg_fence(p);
+      wgmma_fence();
+      issue_pv(acc, p, desc_v(last % STAGES));
+      wgmma_commit();
+      if (cw == 0) named_arrive(their_turn, 256);
+      wgmma_wait<0>();
+      reg_fence(acc);
+      reg_fence(p);
+      mbar_arrive(empty(last % STAGES));
+      finish_tile<EXPCAST, VSMOOTH>(acc, l, rpend, m, last, n_tiles, rbuf, s_mbuf, cw, warp,
+                                    lane);
+    }
+
+    // ---------------- epilogue: O = acc * v_scale / l ----------------
+    if constexpr (EXPCAST) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l[h] = __shfl_sync(0xffffffffu, l[h], lane & ~3);
+    }
+    const float* vs = prm.v_scale + static_cast<size_t>(bh) * D;
+    const int b = bh / prm.heads, hd = bh % prm.heads;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 8 * h;
+      const float inv_l = 1.f / l[h];  // (acc * v_scale) / l as one reciprocal per row
+      if (row >= prm.n) continue;
+      const long long off = b * prm.out_sb + hd * prm.out_sh + row * prm.out_sn;
+#pragma unroll
+      for (int c = 0; c < 16; ++c) {
+        const int col = 8 * c + 2 * q;
+        const float2 sc = *reinterpret_cast<const float2*>(vs + col);
+        const float o0 = acc[4 * c + 2 * h] * sc.x * inv_l;
+        const float o1 = acc[4 * c + 2 * h + 1] * sc.y * inv_l;
+        if (prm.out_bf16) {
+          *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(prm.out) + off + col) =
+              __floats2bfloat162_rn(o0, o1);
+        } else {
+          *reinterpret_cast<__half2*>(static_cast<__half*>(prm.out) + off + col) =
+              __floats2half2_rn(o0, o1);
+        }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Host side
+// ------------------------------------------------------------------------------------------
+namespace {
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+thread_local char g_msg[512];
+
+const char* fail(const char* fmt, const char* a = "", long long b = 0) {
+  snprintf(g_msg, sizeof(g_msg), fmt, a, b);
+  return g_msg;
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point: no -lcuda at link time.
+EncodeTiled encode_fn() {
+  static EncodeTiled fn = nullptr;
+  if (fn == nullptr) {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
+                                         &status) == cudaSuccess &&
+        status == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<EncodeTiled>(ptr);
+  }
+  return fn;
+}
+
+// A u8 tensor map with 128-byte swizzle (every box's inner extent is 128 bytes).
+bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dims,
+              const cuuint64_t* strides, const cuuint32_t* box) {
+  EncodeTiled enc = encode_fn();
+  if (enc == nullptr) return false;
+  cuuint32_t elem[5] = {1, 1, 1, 1, 1};
+  return enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, const_cast<void*>(ptr), dims, strides, box,
+             elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES>
+struct Variant {
+  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES>;
+  static constexpr auto kernel = vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES>;
+
+  static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
+                            cudaStream_t stream) {
+    static bool configured = false;
+    if (!configured) {
+      cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::ALLOC);
+      if (e != cudaSuccess) return fail("cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+      configured = true;
+    }
+    kernel<<<grid, THREADS, C::ALLOC, stream>>>(maps[0], maps[1], maps[2], maps[3], prm);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return fail("kernel launch: %s", cudaGetErrorString(e));
+    return nullptr;
+  }
+
+  static void describe(char* buf, size_t len, const char* name) {
+    cudaFuncAttributes at;
+    if (cudaFuncGetAttributes(&at, kernel) != cudaSuccess) {
+      snprintf(buf, len, "%s: cudaFuncGetAttributes failed\n", name);
+      return;
+    }
+    snprintf(buf, len, "%s expcast=%d vsmooth=%d stages=%d: %d registers/thread at entry, %zu B "
+             "local, %d B dynamic shared memory\n",
+             name, EXPCAST, VSMOOTH, STAGES, at.numRegs, at.localSizeBytes, C::ALLOC);
+  }
+};
+
+template <bool PINGPONG, int STAGES>
+const char* dispatch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4], const Params& prm,
+                     dim3 grid, cudaStream_t stream) {
+  if (expcast)
+    return vsmooth ? Variant<true, true, PINGPONG, STAGES>::launch(maps, prm, grid, stream)
+                   : Variant<true, false, PINGPONG, STAGES>::launch(maps, prm, grid, stream);
+  return vsmooth ? Variant<false, true, PINGPONG, STAGES>::launch(maps, prm, grid, stream)
+                 : Variant<false, false, PINGPONG, STAGES>::launch(maps, prm, grid, stream);
+}
+
+}  // namespace
+
+const char* forward(const ForwardArgs& a) {
+  if (a.n < 1 || a.n_pad % BN != 0 || a.n_pad < a.n || a.n_pad - a.n >= BN)
+    return fail("bad sequence lengths%s (n_pad %lld)", "", a.n_pad);
+  if (a.q_rows < 16 || BM % a.q_rows != 0)
+    return fail("q_rows must divide 128 and be at least 16%s, got %lld", "", a.q_rows);
+  if (a.variant < 0 || a.variant > 1) return fail("unknown variant%s %lld", "", a.variant);
+  const long long bh = static_cast<long long>(a.batch) * a.heads;
+  if (bh < 1 || bh > 65535) return fail("batch x heads out of range%s: %lld", "", bh);
+
+  CUtensorMap maps[4];
+  const cuuint64_t rows = static_cast<cuuint64_t>(bh) * a.n_pad;
+  {  // Q: (B*H*n_pad rows, 128 bytes), box 128 rows
+    const cuuint64_t dims[2] = {D, rows};
+    const cuuint64_t strides[1] = {D};
+    const cuuint32_t box[2] = {D, BM};
+    if (!make_map(&maps[0], a.q, 2, dims, strides, box)) return fail("tensor map for Q failed%s");
+  }
+  {  // K, permuted rows: dims (channel, key bit 0, key pair in 4, group of 16 keys); the second
+     // map starts two keys further, so it reads keys 16G + 4q + {2, 3}
+    const cuuint64_t dims[4] = {D, 2, 4, rows / 16};
+    const cuuint64_t strides[3] = {D, 4 * D, 16 * D};
+    const cuuint32_t box[4] = {D, 2, 4, 8};
+    if (!make_map(&maps[1], a.k, 4, dims, strides, box) ||
+        !make_map(&maps[2], static_cast<const uint8_t*>(a.k) + 2 * D, 4, dims, strides, box))
+      return fail("tensor map for K failed%s");
+  }
+  {  // V^T: (B*H*128 channel rows, n_pad keys), box 128 x 128
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.n_pad), static_cast<cuuint64_t>(bh) * D};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.n_pad)};
+    const cuuint32_t box[2] = {BN, D};
+    if (!make_map(&maps[3], a.v_t, 2, dims, strides, box)) return fail("tensor map for V failed%s");
+  }
+  Params prm;
+  prm.q_scale = a.q_scale;
+  prm.k_scale = a.k_scale;
+  prm.v_scale = a.v_scale;
+  prm.v_mean = static_cast<const __half*>(a.v_mean);
+  prm.out = a.out;
+  prm.out_sb = a.out_sb;
+  prm.out_sh = a.out_sh;
+  prm.out_sn = a.out_sn;
+  prm.heads = a.heads;
+  prm.n = a.n;
+  prm.n_pad = a.n_pad;
+  prm.n_tiles = a.n_pad / BN;
+  prm.q_rows = a.q_rows;
+  prm.out_bf16 = a.out_bf16 ? 1 : 0;
+  prm.expcast_bias = a.expcast_bias;
+  prm.log2_p_scale = a.log2_p_scale;
+  const bool vsmooth = a.v_mean != nullptr;
+  const dim3 grid(a.n_pad / BM, static_cast<unsigned>(bh));
+  auto stream = static_cast<cudaStream_t>(a.stream);
+  return a.variant == 0 ? dispatch<false, 3>(a.expcast, vsmooth, maps, prm, grid, stream)
+                        : dispatch<true, 3>(a.expcast, vsmooth, maps, prm, grid, stream);
+}
+
+const char* describe() {
+  static char text[2048];
+  char line[256];
+  text[0] = 0;
+  auto add = [&]() { strncat(text, line, sizeof(text) - strlen(text) - 1); };
+  Variant<true, true, false, 3>::describe(line, sizeof(line), "simple");
+  add();
+  Variant<false, true, false, 3>::describe(line, sizeof(line), "simple");
+  add();
+  Variant<true, false, false, 3>::describe(line, sizeof(line), "simple");
+  add();
+  Variant<false, false, false, 3>::describe(line, sizeof(line), "simple");
+  add();
+  Variant<true, true, true, 3>::describe(line, sizeof(line), "pingpong");
+  add();
+  Variant<false, true, true, 3>::describe(line, sizeof(line), "pingpong");
+  add();
+  Variant<true, false, true, 3>::describe(line, sizeof(line), "pingpong");
+  add();
+  Variant<false, false, true, 3>::describe(line, sizeof(line), "pingpong");
+  add();
+  return text;
+}
+
+}  // namespace vc

@@ -1,0 +1,44 @@
+// The compiled VC-Attention forward kernel for Hopper (sm_90a): the host-side interface.
+// No torch here: binding.cpp checks tensors and fills ForwardArgs; vc_attention_sm90.cu
+// builds the TMA descriptors and launches.
+#pragma once
+#include <stdint.h>
+
+namespace vc {
+
+// Operands exactly as vcbench.kernels.gpu.prepare_gpu writes them (GpuOperands), all
+// contiguous, N padded to a multiple of 128 (n_pad), head dim 128:
+//   q        int8  (B, H, n_pad, 128)         Q codes, softmax scale * log2(e) folded in
+//   q_scale  fp32  (B, H, n_pad / q_rows)     one scale per q_rows query rows (16 or 128)
+//   k        int8  (B, H, n_pad, 128)         K codes (token-mean smoothed, permuted)
+//   k_scale  fp32  (B, H, n_pad / 128)        one scale per 128-key tile
+//   v_t      e4m3  (B, H, 128, n_pad)         V codes, transposed
+//   v_scale  fp32  (B, H, 128)                one scale per channel (epilogue)
+//   v_mean   fp16  (B, H, n_pad / 128, 128)   V-Smooth block means / channel scale, or null
+//   out      bf16 or fp16 (B, H, n, 128)      any strides (elements), unit last stride
+struct ForwardArgs {
+  const void* q;
+  const float* q_scale;
+  const void* k;
+  const float* k_scale;
+  const void* v_t;
+  const float* v_scale;
+  const void* v_mean;
+  void* out;
+  int64_t out_sb, out_sh, out_sn;
+  int batch, heads, n, n_pad, q_rows;
+  bool expcast;         // P by ExpCast-FP8 (vc-8bit) or by exp2 then cast (vc-8bit-vsmooth)
+  bool out_bf16;        // else fp16
+  float expcast_bias;   // 120 + beta
+  float log2_p_scale;   // exp2 path: log2 of the static P scale (256 for vc, 448 for sage2)
+  int variant;          // 0: simple, 1: ping-pong (see VARIANTS in the .cu)
+  void* stream;         // cudaStream_t
+};
+
+// nullptr on success, else a message (static storage) saying what was refused or failed.
+const char* forward(const ForwardArgs& args);
+
+// One line per compiled variant: name, registers/thread at entry, dynamic shared memory.
+const char* describe();
+
+}  // namespace vc
