@@ -10,7 +10,7 @@ from vcbench.cli import main
 from vcbench.errors import UserError
 from vcbench.pipelines import toyvideo, toywan
 from vcbench.pipelines.check_tiny import check_clip
-from vcbench.pipelines.train_tiny import train
+from vcbench.pipelines.train_tiny import on_shape, train
 
 
 def uint8(clip: np.ndarray) -> np.ndarray:
@@ -24,6 +24,85 @@ def test_toyvideo_is_a_function_of_seed_and_step():
     assert a.shape == (3, toyvideo.FRAMES, toyvideo.SIZE, toyvideo.SIZE, 3)
     assert np.array_equal(a, b) and ca == cb
     assert not np.array_equal(a, c)
+
+
+def reference_clip(row: np.ndarray, frames: int = toyvideo.FRAMES, size: int = toyvideo.SIZE):
+    """One clip drawn pixel by pixel, frame by frame, in numpy (float32 like render_batch)."""
+    colour, shape, direction, background, texture = (int(v) for v in row[:5])
+    radius, travel, x0, y0 = row[5:9]
+    period, phase = int(row[9]), int(row[10])
+    yy, xx = np.mgrid[0:size, 0:size]
+    half = period // 2
+    if toyvideo.TEXTURES[texture] == "stripes":
+        on = ((xx + yy + phase) // half) % 2 == 0
+    else:
+        on = (((xx + phase) // half) + ((yy + phase) // half)) % 2 == 0
+    palette = np.asarray(list(toyvideo.COLOURS.values()), np.float32)
+    bg = np.full((size, size, 3), toyvideo.BASE_LEVEL, np.float32)
+    bg[on] = toyvideo.BACKGROUND_LEVEL * palette[background] + toyvideo.BASE_LEVEL
+    dx, dy = list(toyvideo.DIRECTIONS.values())[direction]
+    clip = np.empty((frames, size, size, 3), np.float32)
+    masks = np.empty((frames, size, size), bool)
+    for f in range(frames):
+        t = f / (frames - 1)
+        cx, cy = np.float32(x0 + dx * travel * t), np.float32(y0 + dy * travel * t)
+        masks[f] = toyvideo.shape_mask(toyvideo.SHAPES[shape], (xx + 0.5).astype(np.float32) - cx,
+                                       (yy + 0.5).astype(np.float32) - cy, np.float32(radius))
+        clip[f] = bg
+        clip[f][masks[f]] = palette[colour]
+    return clip, masks
+
+
+def test_vectorised_renderer_equals_drawing_clip_by_clip():
+    rows, combos = toyvideo.ToyVideo(0).draw(0, 24)
+    assert {c.shape for c in combos} == set(toyvideo.SHAPES)
+    assert {c.direction for c in combos} == set(toyvideo.DIRECTIONS)
+    assert {c.texture for c in combos} == set(toyvideo.TEXTURES)
+    clips, masks = toyvideo.render_batch(torch.from_numpy(rows))
+    for i, row in enumerate(rows):
+        clip, mask = reference_clip(row)
+        assert np.array_equal(clips[i].numpy(), clip) and np.array_equal(masks[i].numpy(), mask)
+        # The shape is large enough for the check (>= 1% of the frame) on every frame.
+        assert mask.reshape(len(mask), -1).mean(axis=1).min() > 0.04
+    captions = [c.caption for c in combos]
+    assert toyvideo.caption_ids(torch.from_numpy(rows)).tolist() == [toyvideo.tokenize(c) for c in captions]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_renderer_on_the_gpu_equals_the_cpu():
+    rows, _ = toyvideo.ToyVideo(1).draw(3, 64)
+    cpu = toyvideo.render_batch(torch.from_numpy(rows))
+    gpu = toyvideo.render_batch(torch.from_numpy(rows).cuda())
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(cpu, gpu, strict=True))
+    assert torch.equal(toyvideo.caption_ids(torch.from_numpy(rows)),
+                       toyvideo.caption_ids(torch.from_numpy(rows).cuda()).cpu())
+
+
+def test_shape_loss_weight_maps_pixels_to_latent_elements_exactly():
+    vae = toywan.PatchifyVAE()
+    g = torch.Generator().manual_seed(0)
+    mask = torch.rand(2, 17, 64, 64, generator=g) < 0.1
+    shape = on_shape(vae, mask)
+    # Each latent element is marked exactly when the pixel it holds is.
+    where = vae.encode(torch.arange(mask.numel(), dtype=torch.float64).view(2, 1, 17, 64, 64)
+                       .expand(-1, 3, -1, -1, -1))
+    assert torch.equal(shape, mask.flatten()[where.long()])
+    # So the weighted latent loss is the weighted pixel loss (frame 0 fills 4 latent frames).
+    a, b = torch.rand(2, 2, 3, 17, 64, 64, generator=g, dtype=torch.float64)
+    latent = ((1 + 10 * shape) * (vae.encode(a) - vae.encode(b)) ** 2).sum()
+    copies = torch.ones(17, dtype=torch.float64)
+    copies[0] = 4
+    pixel = ((1 + 10 * mask).unsqueeze(1) * (a - b) ** 2 * copies.view(1, 1, 17, 1, 1)).sum()
+    torch.testing.assert_close(latent, pixel, rtol=1e-12, atol=0)
+
+
+def test_caption_embedding_tells_shape_colour_from_background_colour():
+    torch.manual_seed(0)
+    text = toywan.CaptionEmbedding()
+    a = text(text.ids(["a red disk drifting right over blue stripes"]))
+    b = text(text.ids(["a blue disk drifting right over red stripes"]))
+    # Even a head that attends to every word alike (the sum of the rows) tells them apart.
+    assert (a.sum(dim=1) - b.sum(dim=1)).abs().max() > 0.1
 
 
 def test_held_out_captions_are_never_trained_on_and_cover_colours_and_directions():

@@ -7,7 +7,8 @@ For a toyvideo caption ("a red disk drifting right over blue stripes") a clip pa
    minus over the first quarter, goes at least MIN_TRAVEL of the frame side along the named
    axis with the named sign, and further along it than across it.
 The background draws its colours dimmed (toyvideo.BACKGROUND_LEVEL), so texture never counts
-as the shape. Ground-truth toyvideo clips travel 0.40-0.55 of the side; noise does not move.
+as the shape. Ground-truth toyvideo clips travel toyvideo.TRAVEL (0.38-0.50) of the side; noise
+does not move.
 
 `check_model` generates one clip per held-out caption through the model's own generate call
 (the bf16 method: no attention patch) and reports the fraction that pass.

@@ -7,10 +7,10 @@ Two parts differ from Wan, both so that the whole model fits in 2 MB and trains 
   causal layout (latent frame 0 = frame 0, then one latent frame per 4 frames) at 4x spatial
   compression: 17 frames of 64x64 -> 5 x 16 x 16 latents of 192 channels -> 320 tokens after
   the transformer's 1x2x2 patch. Nothing to train, nothing lost.
-- `CaptionEmbedding`: a learned embedding of the toyvideo caption vocabulary plus a learned
-  position row per word (the cross-attention has no positions of its own, and "a red disk
-  over blue stripes" must not mean "a blue disk over red stripes"). Padding is all zeros, so
-  the empty prompt (CFG's negative) is the all-zero sequence the trainer drops captions to.
+- `CaptionEmbedding`: a learned embedding of the toyvideo caption vocabulary, one row per
+  (position, word) (the cross-attention has no positions of its own, and "a red disk over
+  blue stripes" must not mean "a blue disk over red stripes"). Padding is all zeros, so the
+  empty prompt (CFG's negative) is the all-zero sequence the trainer drops captions to.
 
 - `XPredWanTransformer`: `WanTransformer3DModel` (same modules, same attention) whose network
   predicts the clean latents; its forward returns the flow velocity (x_t - x_0) / sigma that
@@ -123,25 +123,28 @@ XPredWanTransformer = _xpred_class()
 
 
 class CaptionEmbedding(nn.Module):
-    """Caption -> (1, L, TEXT_DIM): word rows + position rows; padding stays exactly zero."""
+    """Caption -> (1, L, TEXT_DIM): one learned row per (position, word); padding stays zero.
+
+    A row per (position, word) rather than a word row plus a position row: the transformer
+    reads the caption through one head of cross-attention, and a head that attends to all
+    words at once gets the sum of their rows. With word + position rows that sum is the same
+    for "a red disk ... over blue stripes" and "a blue disk ... over red stripes"; with a row
+    per (position, word) it still says which colour is the shape's."""
 
     def __init__(self, dim: int = TEXT_DIM, length: int = toyvideo.CAPTION_LENGTH) -> None:
         super().__init__()
-        self.words = nn.Embedding(len(toyvideo.VOCAB), dim, padding_idx=0)
-        self.positions = nn.Parameter(torch.randn(length, dim) * 0.5)
-        nn.init.normal_(self.words.weight, std=1.0)
-        with torch.no_grad():
-            self.words.weight[0].zero_()
+        self.table = nn.Parameter(torch.randn(length, len(toyvideo.VOCAB), dim))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return (self.words(ids) + self.positions) * (ids != 0).unsqueeze(-1)
+        slots = torch.arange(ids.shape[-1], device=ids.device)
+        return self.table[slots, ids] * (ids != 0).unsqueeze(-1)
 
     def ids(self, captions: list[str]) -> torch.Tensor:
-        return torch.tensor([toyvideo.tokenize(c, self.positions.shape[0]) for c in captions])
+        return torch.tensor([toyvideo.tokenize(c, self.table.shape[0]) for c in captions])
 
     @torch.no_grad()
     def encode(self, prompt: str) -> torch.Tensor:
-        return self(self.ids([prompt]).to(self.positions.device)).float().cpu()
+        return self(self.ids([prompt]).to(self.table.device)).float().cpu()
 
 
 def state_dict(transformer, text: CaptionEmbedding) -> dict[str, torch.Tensor]:
