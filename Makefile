@@ -16,6 +16,7 @@ help:
 	@echo "make table2 MODEL=tiny|wan22|hunyuan15|minimax-h3|longcat GPU=datacenter|workstation [MODEL_PATH=DIR]"
 	@echo "make table3 [MODEL=... MODEL_PATH=DIR]    grouping-schedule ablation"
 	@echo "make fig6 [MODEL_PATH=DIR]    attention and clip speedup over bf16 (clip projected without MODEL_PATH); needs a GPU"
+	@echo "make kernels the compiled sm_90a attention kernel (needs nvcc; VCBENCH_KERNEL=sm90 uses it)"
 	@echo "make lint    ruff"
 
 $(STAMP): pyproject.toml
@@ -31,6 +32,12 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check vcbench tests
+
+# The compiled VC-Attention kernel for Hopper (vcbench/kernels/csrc): built into
+# ~/.cache/vcbench/kernels (VCBENCH_KERNEL_CACHE) on a machine with nvcc and a CUDA torch.
+.PHONY: kernels
+kernels: setup
+	$(BIN)/python -m vcbench.kernels.compiled build
 
 # The whole chain on tiny-wan (random weights) on CPU: every method, 2 prompts x 2 seeds at
 # 5 frames of 128x128 and 8 steps, scored against bf16; the kernel analyses on small synthetic

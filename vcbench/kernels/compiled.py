@@ -30,7 +30,7 @@ from pathlib import Path
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("vc_attention_sm90.cu", "binding.cpp")
-HEADERS = ("vc_attention_sm90.h", "wgmma_sm90.cuh")
+HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 VARIANTS = {"simple": 0, "pingpong": 1}
 DEFAULT_VARIANT = "pingpong"
 IMPLEMENTATION = "vcbench-sm90"

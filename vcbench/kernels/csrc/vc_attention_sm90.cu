@@ -48,7 +48,7 @@
 
 #include <climits>
 
-#include "vc_attention_sm90.h"
+#include "vc_attention_sm90.cuh"
 #include "wgmma_sm90.cuh"
 
 namespace vc {

@@ -1,0 +1,72 @@
+"""SASS facts of the compiled sm_90a kernel, per template instance: the matrix instructions
+(IGMMA for the INT8 QK wgmma, QGMMA for the FP8 PV wgmma, HMMA for V-Smooth's mean mma.sync),
+local memory (LDL/STL), and MUFU.EX2, which ExpCast must keep off the P path (only the per-row
+alpha and the per-16-tile mean weights may use it). Exit status 1 if a check fails.
+
+Usage: python3 benchmarks/sass_check.py LIBRARY_OR_CUBIN [--cuobjdump PATH]
+(the library: `python3 -c 'from vcbench.kernels import compiled; print(compiled.library_path())'`)
+"""
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+
+INSTANCE = re.compile(r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELi(\d+)E")
+OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
+
+
+def functions(sass: str):
+    for chunk in re.split(r"\n\s*Function : ", sass)[1:]:
+        name = chunk.split("\n", 1)[0].strip()
+        yield name, [m.group(1) for m in OPCODE.finditer(chunk)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("binary")
+    ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
+    args = ap.parse_args()
+    sass = subprocess.run([args.cuobjdump, "-sass", args.binary], check=True, capture_output=True,
+                          text=True).stdout
+    ok = True
+    print(f"{'variant':34s} {'instr':>6s} {'IGMMA':>5s} {'QGMMA':>5s} {'HMMA':>4s} {'LDL/STL':>7s} "
+          f"{'MUFU.EX2':>8s} {'I2FP':>5s} {'I2F':>4s}  check")
+    for name, ops in functions(sass):
+        m = INSTANCE.search(name)
+        if not m:
+            continue
+        expcast, vsmooth, pingpong, stages = (int(x) for x in m.groups())
+        base = Counter(op.split(".")[0] for op in ops)
+        full = Counter(ops)
+        ex2 = sum(v for k, v in full.items() if k.startswith("MUFU.EX2"))
+        local = base["LDL"] + base["STL"]
+        # ExpCast: alpha (2 rows) per softmax copy (masked and unmasked), twice as many copies
+        # in the ping-pong variant's prologue; V-Smooth's flush 8 per copy of mean_flush.
+        ex2_allowed = 8 + (16 if vsmooth else 0) if expcast else None
+        problems = []
+        if not base["IGMMA"]:
+            problems.append("no IGMMA")
+        if not base["QGMMA"]:
+            problems.append("no QGMMA")
+        if vsmooth and not base["HMMA"]:
+            problems.append("no HMMA")
+        if local:
+            problems.append("local memory")
+        if ex2_allowed is not None and ex2 > ex2_allowed:
+            problems.append(f"MUFU.EX2 {ex2} > {ex2_allowed}: on the P path?")
+        ok &= not problems
+        label = (f"{'pingpong' if pingpong else 'simple'} {'expcast' if expcast else 'exp2'}"
+                 f"{' vsmooth' if vsmooth else ''} s{stages}")
+        print(f"{label:34s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {base['HMMA']:4d} "
+              f"{local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d}  "
+              f"{'ok' if not problems else '; '.join(problems)}")
+    names = sorted({op for _, ops in functions(sass) for op in ops if "GMMA" in op})
+    print("matrix instructions as printed:", ", ".join(names))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""The compiled sm_90a kernel on a CPU machine: build bookkeeping, the fallback message, and
+the index algebra its CUDA code relies on (the kernel itself runs in test_gpu_compiled.py).
+
+The layout tests mirror, in Python, the index maps written in csrc/vc_attention_sm90.cu: if
+one side changes, the other must, and these tests say whether they still fit together.
+"""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from vcbench.errors import UserError
+from vcbench.kernels import compiled, get_method, gpu
+
+# ---- build bookkeeping -------------------------------------------------------------------
+
+
+def test_import_needs_no_nvcc_and_status_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("VCBENCH_KERNEL_CACHE", str(tmp_path))
+    compiled.status.cache_clear()
+    reason = compiled.missing_reason()
+    assert reason is not None and "\n" not in reason
+    assert "make kernels" in reason and "not built" in reason
+    assert compiled.load.__wrapped__  # load is cached, never builds
+    compiled.status.cache_clear()
+
+
+def test_a_build_of_other_sources_is_called_stale(monkeypatch, tmp_path):
+    monkeypatch.setenv("VCBENCH_KERNEL_CACHE", str(tmp_path))
+    old = tmp_path / "_vc_sm90_0123456789ab"
+    old.mkdir()
+    (old / "_vc_sm90_0123456789ab.so").write_bytes(b"")
+    reason = compiled.missing_reason()
+    assert "stale" in reason and "0123456789ab" in reason and "make kernels" in reason
+    assert "\n" not in reason
+    current = compiled.build_dir()
+    current.mkdir()
+    compiled.library_path().write_bytes(b"")
+    assert compiled.missing_reason() is None
+
+
+def test_the_source_hash_covers_every_source(monkeypatch, tmp_path):
+    for name in compiled.SOURCES + compiled.HEADERS:
+        (tmp_path / name).write_bytes((compiled.CSRC / name).read_bytes())
+    monkeypatch.setattr(compiled, "CSRC", tmp_path)
+    compiled.source_hash.cache_clear()
+    try:
+        base = compiled.source_hash()
+        for name in compiled.SOURCES + compiled.HEADERS:
+            text = (tmp_path / name).read_bytes()
+            (tmp_path / name).write_bytes(text + b"\n")
+            compiled.source_hash.cache_clear()
+            assert compiled.source_hash() != base, name
+            (tmp_path / name).write_bytes(text)
+        compiled.source_hash.cache_clear()
+        assert compiled.source_hash() == base
+    finally:
+        compiled.source_hash.cache_clear()
+
+
+def test_build_flags_name_the_hopper_a_target_and_leave_std_to_torch():
+    flags = compiled.build_flags("abc")
+    cuda = flags["extra_cuda_cflags"]
+    assert "-gencode=arch=compute_90a,code=sm_90a" in cuda
+    assert not any(f.startswith("-std") for f in cuda + flags["extra_cflags"])
+    # torch adds its own arch flags unless one names an arch: ours must, or sm_90 rejects wgmma
+    assert any("arch" in f for f in cuda)
+    assert "-DVC_SOURCE_HASH_ID=habc" in cuda and '"' not in " ".join(cuda)  # ninja runs sh
+
+
+def test_cli_status_says_why_in_one_line(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("VCBENCH_KERNEL_CACHE", str(tmp_path))
+    compiled.status.cache_clear()
+    try:
+        assert compiled.main(["status"]) == 1
+    finally:
+        compiled.status.cache_clear()
+    out = capsys.readouterr().out.strip()
+    assert len(out.splitlines()) == 1
+
+
+# ---- which plans, and the fallback ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("method, supported", [("vc-8bit", True), ("vc-8bit-vsmooth", True),
+                                               ("sage2-8bit", True), ("fp8-fa4", False),
+                                               ("vc-4bit", False), ("bf16", False)])
+def test_supported_plans(method, supported):
+    assert (compiled.unsupported_reason(get_method(method).plan()) is None) == supported
+
+
+def test_q_per_block_and_options_without_v_smooth_are_supported():
+    m = get_method("vc-8bit")
+    assert compiled.unsupported_reason(m.build(m.resolve({"q_granularity": "block"}))) is None
+    assert compiled.unsupported_reason(m.build(m.resolve({"vsmooth": False}))) is None
+    assert compiled.unsupported_reason(m.plan(), head_dim=64) is not None
+
+
+def test_kernel_arguments_match_the_triton_switches():
+    class Ops:
+        n = 1000
+
+    for name in ("vc-8bit", "vc-8bit-vsmooth", "sage2-8bit"):
+        plan = get_method(name).plan()
+        args = compiled.arguments(Ops, plan)
+        sw = gpu.kernel_switches(plan)
+        assert args["expcast"] == sw["expcast"] and args["q_rows"] == sw["q_rows"]
+        assert args["expcast_bias"] == pytest.approx(sw["expcast_bias"])
+        if not sw["expcast"]:
+            assert args["log2_p_scale"] == pytest.approx(math.log2(sw["p_scale"]))
+    assert compiled.arguments(Ops, get_method("vc-8bit").plan())["expcast_bias"] == pytest.approx(119.65)
+
+
+def test_the_default_kernel_is_still_triton(monkeypatch):
+    monkeypatch.delenv("VCBENCH_KERNEL", raising=False)
+    assert gpu.kernel_preference() == "triton"
+    assert not gpu.compiled_for(get_method("vc-8bit").plan())
+
+
+def test_sm90_without_a_build_falls_back_with_one_line(monkeypatch):
+    monkeypatch.setenv("VCBENCH_KERNEL", "sm90")
+    monkeypatch.setattr(compiled, "status", lambda: "compiled kernel not built; run `make kernels`")
+    gpu._fallback_note.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not gpu.compiled_for(get_method("vc-8bit").plan())
+        assert not gpu.compiled_for(get_method("vc-8bit").plan())
+    notes = [str(w.message) for w in caught]
+    assert len(notes) == 1 and "make kernels" in notes[0] and "Triton" in notes[0]
+    assert "\n" not in notes[0]
+    assert not gpu.compiled_for(get_method("fp8-fa4").plan())  # not its plan: no note needed
+    monkeypatch.setattr(compiled, "status", lambda: None)
+    assert gpu.compiled_for(get_method("vc-8bit").plan())
+
+
+def test_a_bad_kernel_choice_is_a_user_error(monkeypatch):
+    monkeypatch.setenv("VCBENCH_KERNEL", "cutlass")
+    with pytest.raises(UserError, match="VCBENCH_KERNEL"):
+        gpu.kernel_preference()
+
+
+def test_run_without_a_build_raises_the_status_line(monkeypatch):
+    monkeypatch.setattr(compiled, "load", lambda: None)
+    monkeypatch.setattr(compiled, "status", lambda: "compiled kernel needs a CUDA GPU")
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        compiled.run(None, get_method("vc-8bit").plan(), None)
+
+
+# ---- the index algebra of the CUDA code ----------------------------------------------------
+# Thread t of a consumer warpgroup: warp w = t // 32, lane, g = lane // 4, q = lane % 4.
+
+
+def smem_key_of_row():
+    """K tile rows in shared memory after the two 4-D TMA boxes: map h (starting two keys in)
+    over dims (channel, b in 2, q in 4, G in 8) with byte strides (1, 128, 512, 2048) writes
+    row 64h + 8G + 2q + b with key 16G + 4q + 2h + b."""
+    key = np.empty(128, int)
+    for h in range(2):
+        for G in range(8):
+            for q in range(4):
+                for b in range(2):
+                    global_byte = 2 * 128 * h + G * 2048 + q * 512 + b * 128
+                    key[64 * h + 8 * G + 2 * q + b] = global_byte // 128
+    return key
+
+
+def accumulator(i, w, lane):
+    """(row, column) of register i of a wgmma m64nN f32/s32 accumulator (CUTLASS CLayout_64xN)."""
+    return 16 * w + lane // 4 + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * (lane % 4) + i % 2
+
+
+def a_fragment(r, byte, w, lane):
+    """(row, k) of byte `byte` of register r of an 8-bit wgmma A fragment, m64 k32
+    (CUTLASS ALayout_64x32)."""
+    return 16 * w + lane // 4 + 8 * (r % 2), 4 * (lane % 4) + byte + 16 * (r // 2)
+
+
+def key_of(c, q, b):  # the .cu's key_of
+    return 16 * (c & 7) + 4 * q + 2 * (c >> 3) + b
+
+
+def test_k_rows_are_a_permutation_and_key_of_reads_it():
+    key = smem_key_of_row()
+    assert sorted(key) == list(range(128))
+    for c in range(16):
+        for q in range(4):
+            for b in range(2):
+                assert key_of(c, q, b) == key[8 * c + 2 * q + b]
+
+
+def test_p_reaches_the_pv_a_fragment_in_natural_key_order_without_shuffles():
+    """softmax_tile + pack_p: each thread packs its own accumulator values; the bytes the A
+    fragment then presents are P in natural key order, the order of V's rows."""
+    key = smem_key_of_row()
+    rng = np.random.default_rng(0)
+    p_nat = rng.integers(0, 121, size=(64, 128))  # P codes, rows x keys (natural order)
+    for w in range(4):
+        for lane in range(32):
+            q = lane % 4
+            s = {}
+            for i in range(64):  # the S accumulator holds column n, i.e. key key[n]
+                row, n = accumulator(i, w, lane)
+                s[i] = int(p_nat[row, key[n]])
+            pair = {4 * c + 2 * h: s[4 * c + 2 * h] | s[4 * c + 2 * h + 1] << 8
+                    for c in range(16) for h in range(2)}  # prmt(u0, u1, 0x0040)
+            for kk in range(4):
+                for half in range(2):
+                    for h in range(2):
+                        ca = 2 * kk + half
+                        lo, hi = pair[4 * ca + 2 * h], pair[4 * (ca + 8) + 2 * h]
+                        reg = lo | hi << 16  # prmt(lo, hi, 0x5410)
+                        r = 2 * half + h
+                        for byte in range(4):
+                            row, k = a_fragment(r, byte, w, lane)
+                            assert (reg >> 8 * byte) & 0xFF == p_nat[row, 32 * kk + k], (w, q, kk)
+
+
+def test_the_row_sum_column_is_read_by_the_quad_leader():
+    """ExpCast's ones column is accumulator column 128 (PV N = 136): registers 64 and 66 of
+    lanes with q == 0 hold rows r and r + 8; other lanes hold the zero columns 130..135."""
+    for lane in range(32):
+        for i, h in ((64, 0), (66, 1)):
+            row, col = accumulator(i, 0, lane)
+            assert row == lane // 4 + 8 * h
+            assert (col == 128) == (lane % 4 == 0)
+
+
+def test_mean_flush_fragments_line_up():
+    """mean_flush feeds mma.m16n8k16 (A: register h + 2hk of lane (g, q) holds slots
+    2q + 8hk + {0, 1} of row g + 8h; B: lane (g, q) holds k = 2q + {0, 1} (+8), n = g) from
+    the (r, m) slots and from ldmatrix.x4.trans over the [16 tiles][128 channels] means, where
+    lane L gives the address of row L % 8 + 8 ((L // 8) % 2), column 16 nb2 + 8 (L // 16),
+    and thread T receives element [2 (T % 4) + j][T // 4] of each 8x8 matrix."""
+    rng = np.random.default_rng(1)
+    r = rng.normal(size=(16, 16))  # a warp's rows x slots
+    mu = rng.normal(size=(16, 128))  # slots x channels
+    for lane in range(32):
+        q, g = lane % 4, lane // 4
+        for hk in range(2):
+            for h in range(2):  # the .cu: t = 2q + 8hk + e, row + 8h, a[2hk + h]
+                reg = [r[g + 8 * h, 2 * q + 8 * hk + e] for e in range(2)]
+                assert reg == [r[g + 8 * h, 2 * q + 8 * hk + e] for e in range(2)]
+        for nb2 in range(8):
+            frag = []
+            for mat in range(4):  # matrix mat: its 8 row addresses come from lanes 8mat..8mat+7
+                row0 = 8 * (mat & 1)
+                col0 = nb2 * 16 + 8 * (mat >> 1)
+                frag.append([mu[row0 + 2 * q + j, col0 + g] for j in range(2)])
+            for nblk, (b0, b1) in ((2 * nb2, (0, 1)), (2 * nb2 + 1, (2, 3))):
+                for j in range(2):  # B[k][n] of n-block nblk, as m16n8k16 wants it
+                    assert frag[b0][j] == mu[2 * q + j, 8 * nblk + g]
+                    assert frag[b1][j] == mu[2 * q + j + 8, 8 * nblk + g]

@@ -1,0 +1,121 @@
+"""The compiled sm_90a kernel against its emulation (a Hopper GPU and nvcc; skipped elsewhere).
+
+Same tolerance rule as the Triton kernel (test_gpu_kernels.py): the output poisoned with NaN
+first, then finite everywhere, within max(4e-3, 0.5 e) relative L2 of the emulation on the
+same CUDA tensors and within 1.25 e + 1e-3 of FP64, e being the emulation's own error. The
+operands are prepare_gpu's, already held bit-equal to the emulation's by test_gpu_kernels.py.
+Both variants (simple, pingpong), fresh random and outlier-carrying inputs, N = 1000 and 4133
+(a masked last KV tile; 8 and 33 tiles: V-Smooth's mean batches of 16 end part-way) and 8192.
+"""
+
+import os
+import shutil
+import zlib
+
+import pytest
+import torch
+from conftest import reference_attention, rel_l2
+from test_gpu_kernels import inputs
+
+import vcbench
+from vcbench.kernels import compiled, get_method, gpu
+from vcbench.kernels.online import finish, prepare, run
+
+
+def _hopper_with_nvcc() -> bool:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        return False
+    return shutil.which("nvcc") is not None or bool(os.environ.get("CUDA_HOME"))
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _hopper_with_nvcc(),
+                                                  reason="needs an sm_90 GPU and nvcc")]
+VARIANTS = list(compiled.VARIANTS)
+
+
+@pytest.fixture(scope="module")
+def built():
+    if compiled.load() is None:
+        compiled.build()
+    module = compiled.load()
+    assert module is not None, compiled.status()
+    return module
+
+
+def check_against_emulation(q, k, v, method, variant, options=None, out=None):
+    m = get_method(method)
+    plan = m.build(m.resolve(options or {}))
+    n = q.shape[2]
+    emu = prepare(q, k, v, plan)
+    ops = gpu.prepare_gpu(q, k, v, plan, permutation=emu.permutation)
+    out = torch.full_like(q, float("nan")) if out is None else out.fill_(float("nan"))
+    compiled.run(ops, plan, out, variant=variant)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all(), f"{int((~torch.isfinite(out)).sum())} outputs not finite"
+    emu_out = finish(run(emu, plan)[0], n, plan)
+    ref = reference_attention(q, k, v)
+    e = rel_l2(emu_out, ref)
+    vs_emu, vs_ref = rel_l2(out, emu_out), rel_l2(out, ref)
+    assert vs_emu <= max(4e-3, 0.5 * e), f"vs emulation {vs_emu:.3e} (e = {e:.3e})"
+    assert vs_ref <= 1.25 * e + 1e-3, f"vs FP64 {vs_ref:.3e} (e = {e:.3e})"
+    return ops, plan, out
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("method", ["vc-8bit", "vc-8bit-vsmooth"])
+@pytest.mark.parametrize("n", [1000, 4133, 8192])
+@pytest.mark.parametrize("kind", ["normal", "outliers"])
+def test_compiled_matches_emulation(built, variant, method, n, kind):
+    q, k, v = inputs(kind, n, 128, zlib.crc32(f"sm90{method}{n}{kind}".encode()))
+    check_against_emulation(q, k, v, method, variant)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("method, options", [("sage2-8bit", {}),
+                                             ("sage2-8bit", {"q_granularity": "block"}),
+                                             ("vc-8bit", {"vsmooth": False}),
+                                             ("vc-8bit", {"q_granularity": "block"})])
+def test_other_plans_it_covers(built, variant, method, options):
+    q, k, v = inputs("outliers", 3001, 128, zlib.crc32(f"{method}{options}".encode()))
+    check_against_emulation(q, k, v, method, variant, options)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_batches_strided_fp16_output_and_repeatability(built, variant):
+    """B = 2, H = 3 (the (batch, head) index), an fp16 output written through a (B, N, H, D)
+    buffer's strided view, and a second run bit-equal to the first (a race would move it)."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 777, 128, device="cuda", generator=g).half() for _ in range(3))
+    buf = torch.empty(2, 777, 3, 128, device="cuda", dtype=torch.float16)
+    ops, plan, out = check_against_emulation(q, k, v, "vc-8bit", variant,
+                                             out=buf.transpose(1, 2))
+    first = out.clone()
+    compiled.run(ops, plan, out, variant=variant)
+    assert torch.equal(out, first)
+
+
+@pytest.mark.parametrize("method", ["vc-8bit", "vc-8bit-vsmooth"])
+def test_variants_and_triton_agree(built, method):
+    q, k, v = inputs("normal", 4133, 128, 17)
+    plan = get_method(method).plan()
+    perm = prepare(q, k, v, plan).permutation
+    ops = gpu.prepare_gpu(q, k, v, plan, permutation=perm)
+    outs = {name: compiled.run(ops, plan, torch.empty_like(q), variant=name) for name in VARIANTS}
+    triton = gpu.run_prepared(ops, plan, torch.empty_like(q), mean_mma=2)
+    assert rel_l2(outs["simple"], outs["pingpong"]) < 1e-3
+    assert rel_l2(outs["pingpong"], triton) < 4e-3
+
+
+def test_public_api_with_vcbench_kernel_sm90(built, monkeypatch):
+    monkeypatch.setenv("VCBENCH_KERNEL", "sm90")
+    assert gpu.implementation(get_method("vc-8bit")) == compiled.IMPLEMENTATION
+    q, k, v = inputs("normal", 3000, 128, 7)
+    out = vcbench.attention(q, k, v, "vc-8bit", backend="gpu")
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert rel_l2(out, reference_attention(q, k, v)) < 0.08
+
+
+def test_describe_reports_no_local_memory(built):
+    text = built.describe()
+    assert text.count("\n") == 8, text
+    assert all(" 0 B local" in line for line in text.splitlines()), text
