@@ -9,7 +9,7 @@ import torch
 from vcbench.cli import main
 from vcbench.errors import UserError
 from vcbench.pipelines import toyvideo, toywan
-from vcbench.pipelines.check_tiny import check_clip
+from vcbench.pipelines.check_tiny import check_clip, check_model, write_strip
 from vcbench.pipelines.train_tiny import on_shape, train
 
 
@@ -166,6 +166,21 @@ def test_toywan_runs_through_wan_pipeline_and_padding_is_zero():
     assert frames.shape == (5, 32, 32, 3) and frames.dtype == np.uint8
     assert torch.count_nonzero(text.encode("")) == 0
     assert torch.count_nonzero(text.encode("a red disk")[0, 3:]) == 0
+
+
+def test_check_model_keeps_its_clips_for_a_strip(tmp_path):
+    from PIL import Image
+
+    torch.manual_seed(0)
+    config = dict(transformer=toywan.transformer_config(layers=1), vae={}, shift=3.0, prediction="x0")
+    model = toywan.as_loaded(*toywan.build_pipeline(config), torch.device("cpu"), torch.float32,
+                             random_weights=True)
+    model.defaults = model.defaults.__class__(steps=2, frames=9, height=32, width=32)
+    clips: list = []
+    result = check_model(model, toyvideo.held_out_captions(2), clips=clips)
+    assert result["n"] == 2 and [c.shape for c in clips] == [(9, 32, 32, 3)] * 2
+    write_strip(tmp_path / "s.png", clips, every=4, scale=2)
+    assert Image.open(tmp_path / "s.png").size == (3 * 32 * 2, 2 * 32 * 2)
 
 
 def test_train_is_deterministic_and_writes_a_loadable_model(tmp_path):

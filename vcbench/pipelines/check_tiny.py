@@ -66,13 +66,17 @@ def check_clip(frames: np.ndarray, caption: str) -> ClipCheck:
     return ClipCheck(caption, colour_ok, direction_ok, dx, dy)
 
 
-def check_model(model, captions: list[str] | None = None, seed: int = 0) -> dict:
-    """Generate each caption once (seed + i) at the model's defaults; the fraction that pass."""
+def check_model(model, captions: list[str] | None = None, seed: int = 0,
+                clips: list | None = None) -> dict:
+    """Generate each caption once (seed + i) at the model's defaults; the fraction that pass.
+    `clips`, if given, gets each clip's frames (uint8 (F, H, W, 3))."""
     captions = captions or toyvideo.held_out_captions(20)
     rows = []
     for i, caption in enumerate(captions):
         frames = model.generate(caption, seed + i, model.defaults)
         rows.append(check_clip(frames, caption))
+        if clips is not None:
+            clips.append(frames)
     return {"score": sum(r.passed for r in rows) / len(rows),
             "colour": sum(r.colour_ok for r in rows) / len(rows),
             "direction": sum(r.direction_ok for r in rows) / len(rows),
@@ -80,7 +84,18 @@ def check_model(model, captions: list[str] | None = None, seed: int = 0) -> dict
             "clips": [{**asdict(r), "passed": r.passed} for r in rows]}
 
 
-def check_weights(path=None, random: bool = False, device: str | None = None) -> dict:
+def write_strip(path, clips: list, every: int = 4, scale: int = 2) -> None:
+    """A PNG of clips, one row each, frames 0, every, 2 every, ... side by side."""
+    from PIL import Image
+
+    rows = [np.concatenate(list(frames[::every]), axis=1) for frames in clips]
+    image = np.concatenate(rows, axis=0)
+    Image.fromarray(image).resize((image.shape[1] * scale, image.shape[0] * scale),
+                                  Image.NEAREST).save(path)
+
+
+def check_weights(path=None, random: bool = False, device: str | None = None,
+                  clips: list | None = None) -> dict:
     """The check on a ToyWan weights file (default: the packaged one), or with `random` on its
     config at a seeded random init: the baseline the trained score is compared with."""
     import torch
@@ -91,8 +106,8 @@ def check_weights(path=None, random: bool = False, device: str | None = None) ->
     dev, dtype = default_device_dtype(device)
     path = toywan.WEIGHTS if path is None else path
     if not random:
-        return check_model(toywan.load_toywan(dev, dtype, path))
+        return check_model(toywan.load_toywan(dev, dtype, path), clips=clips)
     config, _ = toywan.read(path)
     torch.manual_seed(0)
     pipe, text = toywan.build_pipeline(config)
-    return check_model(toywan.as_loaded(pipe, text, dev, dtype, random_weights=True))
+    return check_model(toywan.as_loaded(pipe, text, dev, dtype, random_weights=True), clips=clips)

@@ -26,8 +26,9 @@ bitwise repeatable; on CUDA up to the GPU's own float non-determinism. --max-sec
 early (the card records the step reached) and anneals the learning rate by elapsed time, so
 such a run depends on the machine's speed; the card says which kind of run made the weights.
 
-DIR gets toywan.safetensors, card.md, loss.csv, loss.png and check.json (the caption check
-on 20 held-out captions, trained weights and the same config with random weights).
+DIR gets toywan.safetensors, card.md, loss.csv, loss.png, check.json (the caption check on
+20 held-out captions, trained weights and the same config with random weights) and
+samples.png (frames 0, 4, 8, 12, 16 of the trained weights' first 8 check clips, one row each).
 """
 
 from __future__ import annotations
@@ -216,12 +217,16 @@ def save(path: Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def run_check(weights: Path, config: dict, dev: torch.device) -> dict:
-    """The caption check on the saved (bf16) weights, and on the same config at random init."""
-    from vcbench.pipelines.check_tiny import check_weights
+    """The caption check on the saved (bf16) weights, and on the same config at random init;
+    the trained weights' first 8 clips go to samples.png beside the weights."""
+    from vcbench.pipelines.check_tiny import check_weights, write_strip
 
-    trained = check_weights(weights, device=str(dev))
+    clips: list = []
+    trained = check_weights(weights, device=str(dev), clips=clips)
+    write_strip(weights.parent / "samples.png", clips[:8])
     random = check_weights(weights, random=True, device=str(dev))
-    print(f"check: trained {trained['score']:.2f}, random {random['score']:.2f} "
+    print(f"check: trained {trained['score']:.2f} (colour {trained['colour']:.2f}, direction "
+          f"{trained['direction']:.2f}), random {random['score']:.2f} "
           f"(required {trained['required']:.2f})", flush=True)
     return {"trained": trained, "random": random, "device": str(dev)}
 
@@ -271,6 +276,8 @@ def write_card(out: Path, config: dict, result: dict) -> None:
             r = c[name]
             lines.append(f"| {name} | {r['score']:.2f} | {r['colour']:.2f} | {r['direction']:.2f} |")
         lines.append(f"\nRequired for trained weights: {c['trained']['required']:.2f}.")
+        lines += ["", "Trained weights, the first 8 check clips (frames 0, 4, 8, 12, 16):", "",
+                  "![samples](samples.png)"]
     (out / "card.md").write_text("\n".join(lines) + "\n")
 
 
