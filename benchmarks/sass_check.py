@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections import Counter
 
-INSTANCE = re.compile(r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELi(\d+)E")
+INSTANCE = re.compile(r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELb(\d)ELi(\d+)E")
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
@@ -32,17 +32,19 @@ def main() -> int:
     sass = subprocess.run([args.cuobjdump, "-sass", args.binary], check=True, capture_output=True,
                           text=True).stdout
     ok = True
-    print(f"{'variant':34s} {'instr':>6s} {'IGMMA':>5s} {'QGMMA':>5s} {'HMMA':>4s} {'LDL/STL':>7s} "
-          f"{'MUFU.EX2':>8s} {'I2FP':>5s} {'I2F':>4s}  check")
+    print(f"{'variant':38s} {'instr':>6s} {'IGMMA':>5s} {'QGMMA':>5s} {'DEPBAR':>6s} {'HMMA':>4s} "
+          f"{'LDL/STL':>7s} {'MUFU.EX2':>8s} {'I2FP':>5s} {'I2F':>4s}  check")
     for name, ops in functions(sass):
         m = INSTANCE.search(name)
         if not m:
             continue
-        expcast, vsmooth, pingpong, stages = (int(x) for x in m.groups())
+        expcast, vsmooth, pingpong, two_level, stages = (int(x) for x in m.groups())
         base = Counter(op.split(".")[0] for op in ops)
         full = Counter(ops)
         ex2 = sum(v for k, v in full.items() if k.startswith("MUFU.EX2"))
         local = base["LDL"] + base["STL"]
+        gmma = base["IGMMA"] + base["QGMMA"]
+        depbar = sum(v for k, v in full.items() if k.startswith("WARPGROUP.DEPBAR"))
         # ExpCast: alpha (2 rows) per softmax copy (masked and unmasked), twice as many copies
         # in the ping-pong variant's prologue; V-Smooth's flush 8 per copy of mean_flush.
         ex2_allowed = 8 + (16 if vsmooth else 0) if expcast else None
@@ -55,13 +57,15 @@ def main() -> int:
             problems.append("no HMMA")
         if local:
             problems.append("local memory")
+        if depbar >= gmma:  # ptxas waits after every wgmma when it serializes them (C7511)
+            problems.append("wgmma serialized")
         if ex2_allowed is not None and ex2 > ex2_allowed:
             problems.append(f"MUFU.EX2 {ex2} > {ex2_allowed}: on the P path?")
         ok &= not problems
-        label = (f"{'pingpong' if pingpong else 'simple'} {'expcast' if expcast else 'exp2'}"
-                 f"{' vsmooth' if vsmooth else ''} s{stages}")
-        print(f"{label:34s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {base['HMMA']:4d} "
-              f"{local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d}  "
+        label = (f"{'pingpong' if pingpong else 'simple'}{' 2lvl' if two_level else ' direct'} "
+                 f"{'expcast' if expcast else 'exp2'}{' vsmooth' if vsmooth else ''} s{stages}")
+        print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
+              f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d}  "
               f"{'ok' if not problems else '; '.join(problems)}")
     names = sorted({op for _, ops in functions(sass) for op in ops if "GMMA" in op})
     print("matrix instructions as printed:", ", ".join(names))

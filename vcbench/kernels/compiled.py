@@ -10,9 +10,11 @@ line why there is none (not built, built from other sources, no CUDA, not Hopper
 It runs the prepared operands of `vcbench.kernels.gpu.prepare_gpu` (the same `GpuOperands`
 the Triton kernel reads) for plans with INT8 Q/K (Q per 16 or 128 rows, K per 128 keys),
 per-channel E4M3 V, P by ExpCast-FP8 or exp2-then-E4M3, optional V-Smooth, head dim 128:
-`vc-8bit`, `vc-8bit-vsmooth`, and `sage2-8bit`'s kernel. Variants: 0 "simple" (each consumer
-warpgroup runs QK, softmax, PV in turn), 1 "pingpong" (softmax overlapped with the matrix
-products within and across the two consumer warpgroups).
+`vc-8bit`, `vc-8bit-vsmooth`, and `sage2-8bit`'s kernel. Variants (VARIANTS): "simple" (each
+consumer warpgroup runs QK, softmax, PV in turn), "pingpong" (the two consumer warpgroups take
+turns on the tensor core, and within one the softmax of tile j overlaps PV of tile j-1),
+"pingpong-2lvl" (turns, no overlap within a warpgroup), "simple-direct"; see VARIANTS' comment
+for the accumulation each uses.
 """
 
 from __future__ import annotations
@@ -31,8 +33,13 @@ from pathlib import Path
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("vc_attention_sm90.cu", "binding.cpp")
 HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
-VARIANTS = {"simple": 0, "pingpong": 1}
-DEFAULT_VARIANT = "pingpong"
+# The order of the .cu's VARIANT_NAMES. "2lvl": two-level accumulation (each tile's PV in its own
+# wgmma block, added to the FP32 accumulator on the CUDA cores, as the emulation accumulates);
+# "direct": PV accumulated in the wgmma block across all tiles, whose 13-bit truncation of the
+# accumulator at every wgmma the emulation does not model. "simple" is two-level.
+VARIANTS = {"simple": 0, "pingpong": 1, "pingpong-2lvl": 2, "simple-direct": 3}
+TWO_LEVEL_VARIANTS = ("simple", "pingpong-2lvl")
+DEFAULT_VARIANT = "simple"  # until a device round says which is right and fastest
 IMPLEMENTATION = "vcbench-sm90"
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"
 

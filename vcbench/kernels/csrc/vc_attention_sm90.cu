@@ -59,6 +59,7 @@ constexpr int NC = 2;            // consumer warpgroups
 constexpr int BM = 64 * NC;      // query rows per CTA
 constexpr int THREADS = 128 * (NC + 1);
 constexpr int MEAN_BATCH = 16;   // KV tiles per V-Smooth mean MMA
+// setmaxnreg: the producer warpgroup gives registers to the consumers.
 constexpr int PRODUCER_REGS = 40;
 constexpr int CONSUMER_REGS = 232;  // 128 x 40 + 256 x 232 = 64512 <= 65536
 static_assert(128 * PRODUCER_REGS + 128 * NC * CONSUMER_REGS <= 65536, "register file");
@@ -256,18 +257,26 @@ __device__ __forceinline__ void issue_qk(uint32_t (&s)[64], uint64_t desc_q, uin
   for (int kk = 1; kk < 4; ++kk) wgmma_s8_ss_n128(s, desc_q + 2 * kk, desc_k + 2 * kk, 1);
 }
 
-// acc += P V_j: 4 k-steps of 32 keys, P from registers.
-template <int NACC>
+// acc += P V_j (FRESH: acc = P V_j, the first k-step overwriting): 4 k-steps of 32 keys, P
+// from registers.
+template <bool FRESH, int NACC>
 __device__ __forceinline__ void issue_pv(float (&acc)[NACC], const uint32_t (&p)[16],
                                          uint64_t desc_v) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    if constexpr (NACC == 68)
-      wgmma_e4m3_rs_n136(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                         desc_v + 2 * kk);
-    else
-      wgmma_e4m3_rs_n128(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                         desc_v + 2 * kk);
+    if constexpr (NACC == 68) {
+      if (FRESH && kk == 0)
+        wgmma_e4m3_rs_n136_first(acc, p[0], p[1], p[2], p[3], desc_v);
+      else
+        wgmma_e4m3_rs_n136(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                           desc_v + 2 * kk);
+    } else {
+      if (FRESH && kk == 0)
+        wgmma_e4m3_rs_n128_first(acc, p[0], p[1], p[2], p[3], desc_v);
+      else
+        wgmma_e4m3_rs_n128(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                           desc_v + 2 * kk);
+    }
   }
 }
 
@@ -420,38 +429,83 @@ __device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbu
   }
 }
 
-// After PV_j completed: l += r_j, and V-Smooth's bookkeeping for tile j (m_j: the max P_j
-// was encoded against, which is also what the accumulator is referenced to right now).
-template <bool EXPCAST, bool VSMOOTH, int NACC>
-__device__ __forceinline__ void finish_tile(float (&acc)[NACC], float (&l)[2],
-                                            const float (&rpend)[2], const float (&m_j)[2], int j,
-                                            int n_tiles, float2* rbuf, uint32_t mbuf_base, int cw,
+// Tile j's row sums r_j (ExpCast: column 128 of the PV accumulator, read by the q == 0 lanes
+// (the others read zero columns); exp2 path: the FP32 sums the softmax left in rsum).
+template <bool EXPCAST, int NACC>
+__device__ __forceinline__ void tile_rowsum(const float (&pv)[NACC], const float (&rsum)[2],
+                                            float (&r)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) r[h] = EXPCAST ? pv[64 + 2 * h] : rsum[h];
+}
+
+// Two-level accumulation: acc = acc * alpha + PV_j (the tile's product, held in its own
+// accumulator) and l = l * alpha + r_j, in FP32 on the CUDA cores, as the emulation does.
+// Hopper's FP8 wgmma keeps only 13 mantissa bits of the accumulator it adds to (SageAttention2
+// measured it; FlashAttention's FP8 forward lost accuracy on long sequences from it), so
+// accumulating 4 x n_tiles wgmmas into one register block truncates it that many times.
+template <int NACC>
+__device__ __forceinline__ void merge_tile(float (&acc)[64], const float (&pv)[NACC],
+                                           float (&l)[2], const float (&alpha)[2],
+                                           const float (&r)[2]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = fmaf(acc[i], alpha[(i >> 1) & 1], pv[i]);
+  l[0] = l[0] * alpha[0] + r[0];
+  l[1] = l[1] * alpha[1] + r[1];
+}
+
+// V-Smooth's bookkeeping once tile j's product is in the accumulator: (r_j, m_j) into this
+// warpgroup's slots (m_j: the max P_j was encoded against, which is also the max the
+// accumulator is referenced to right now), and the mean MMA when a batch of 16 is complete.
+template <int NACC>
+__device__ __forceinline__ void vsmooth_tile(float (&acc)[NACC], const float (&r)[2],
+                                             const float (&m_j)[2], int j, int n_tiles,
+                                             float2* rbuf, uint32_t mbuf_base, int cw, int warp,
+                                             int lane) {
+  const int t = j % MEAN_BATCH;
+  if ((lane & 3) == 0) {
+    const int row = warp * 16 + (lane >> 2);
+    rbuf[t * 64 + row] = make_float2(r[0], m_j[0]);
+    rbuf[t * 64 + row + 8] = make_float2(r[1], m_j[1]);
+  }
+  if (t == MEAN_BATCH - 1 || j == n_tiles - 1) {
+    const uint32_t mbuf = mbuf_base + ((j / MEAN_BATCH) & 1) * (MEAN_BATCH * D * 2);
+    mean_flush(acc, rbuf, mbuf, m_j, t + 1, cw, warp, lane);
+  }
+}
+
+// Tile j's product has landed: r_j, the normaliser, V-Smooth's bookkeeping. Two-level: pv is
+// the tile's own product block, merged as acc = acc * a_j + pv. Direct: the product went into
+// acc, which (with l) was rescaled by alpha_j before it was issued. Two functions, each taking
+// acc once: acc passed twice (as acc and as pv), or captured by a lambda that also received it,
+// made ptxas serialize the ping-pong variant's wgmmas (C7511).
+template <bool EXPCAST, bool VSMOOTH, int NP>
+__device__ __forceinline__ void land_2l(float (&acc)[64], const float (&pv)[NP], float (&l)[2],
+                                        const float (&a_j)[2], const float (&r_in)[2],
+                                        const float (&m_j)[2], int j, int n_tiles, float2* rbuf,
+                                        uint32_t mbuf, int cw, int warp, int lane) {
+  float r[2];
+  tile_rowsum<EXPCAST>(pv, r_in, r);
+  merge_tile(acc, pv, l, a_j, r);
+  if constexpr (VSMOOTH) vsmooth_tile(acc, r, m_j, j, n_tiles, rbuf, mbuf, cw, warp, lane);
+}
+
+template <bool EXPCAST, bool VSMOOTH, int NA>
+__device__ __forceinline__ void land_direct(float (&acc)[NA], float (&l)[2],
+                                            const float (&r_in)[2], const float (&m_j)[2], int j,
+                                            int n_tiles, float2* rbuf, uint32_t mbuf, int cw,
                                             int warp, int lane) {
   float r[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    // ExpCast: column 128 (thread q == 0) is P's row sum; the other threads read zero columns.
-    r[h] = EXPCAST ? acc[64 + 2 * h] : rpend[h];
+  for (int h = 0; h < 2; ++h) {  // (tile_rowsum, then the adds, flipped ptxas to C7511 here)
+    r[h] = EXPCAST ? acc[64 + 2 * h] : r_in[h];
     l[h] += r[h];
   }
-  if constexpr (VSMOOTH) {
-    const int t = j % MEAN_BATCH;
-    if ((lane & 3) == 0) {
-      const int row = warp * 16 + (lane >> 2);
-      rbuf[t * 64 + row] = make_float2(r[0], m_j[0]);
-      rbuf[t * 64 + row + 8] = make_float2(r[1], m_j[1]);
-    }
-    if (t == MEAN_BATCH - 1 || j == n_tiles - 1) {
-      const uint32_t mbuf = mbuf_base + ((j / MEAN_BATCH) & 1) * (MEAN_BATCH * D * 2);
-      mean_flush(acc, rbuf, mbuf, m_j, t + 1, cw, warp, lane);
-    }
-  }
+  if constexpr (VSMOOTH) vsmooth_tile(acc, r, m_j, j, n_tiles, rbuf, mbuf, cw, warp, lane);
 }
 
 // ------------------------------------------------------------------------------------------
 // The kernel
 // ------------------------------------------------------------------------------------------
-template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES>
+template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES>
 __global__ void __launch_bounds__(THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
@@ -543,13 +597,17 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int masked = (prm.n % BN) ? n_tiles - 1 : -1;  // the tile holding padded keys
     float2* rbuf = reinterpret_cast<float2*>(smem + C::RBUF_OFF) + cw * MEAN_BATCH * 64;
 
-    float acc[C::NACC];
+    // Direct accumulation: the PV wgmma adds into acc (ExpCast's row-sum column included).
+    // Two-level: acc is FP32 on the CUDA cores, each tile's product comes in its own block.
+    constexpr int ACC_N = TWO_LEVEL ? 64 : C::NACC;
+    float acc[ACC_N];
 #pragma unroll
-    for (int i = 0; i < C::NACC; ++i) acc[i] = 0.f;
+    for (int i = 0; i < ACC_N; ++i) acc[i] = 0.f;
+    reg_fence(acc);  // zeros in registers now: left as constants, ptxas places them late and
+                     // then serializes the wgmmas that write them (C7511)
     uint32_t s[64];
     uint32_t p[16];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2], rsum[2] = {0.f, 0.f};
-    float rpend[2] = {0.f, 0.f};
 
     const uint64_t desc_q = desc_sw128(s_q + cw * 64 * D);
     auto desc_k = [&](int st) { return desc_sw128(s_stage + st * C::STAGE_BYTES); };
@@ -566,7 +624,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         softmax_tile<EXPCAST, false>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                      prm.log2_p_scale, BN, q);
     };
-
     mbar_wait(bar_q, 0);
 
     if constexpr (!PINGPONG) {
@@ -579,23 +636,40 @@ __global__ void __launch_bounds__(THREADS, 1)
         wgmma_wait<0>();
         reg_fence(s);
         softmax(j);
-        rescale<EXPCAST>(acc, l, alpha);
+        if constexpr (!TWO_LEVEL) rescale<EXPCAST>(acc, l, alpha);
         pack_p(p, s);
-        reg_fence(acc);  // materialize acc (e.g. the zeroed row-sum column) before the fence
-        reg_fence(p);
-        wgmma_fence();
-        issue_pv(acc, p, desc_v(st));
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence(acc);
-        reg_fence(p);
-        mbar_arrive(empty(st));
-        finish_tile<EXPCAST, VSMOOTH>(acc, l, rsum, m, j, n_tiles, rbuf, s_mbuf, cw, warp, lane);
+        if constexpr (TWO_LEVEL) {
+          float pv[C::NACC];
+          reg_fence(p);
+          wgmma_fence();
+          issue_pv<true>(pv, p, desc_v(st));
+          wgmma_commit();
+          wgmma_wait<0>();
+          reg_fence(pv);
+          reg_fence(p);
+          mbar_arrive(empty(st));
+          land_2l<EXPCAST, VSMOOTH>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf, s_mbuf, cw,
+                                       warp, lane);
+        } else {
+          reg_fence(acc);  // materialize acc (e.g. the zeroed row-sum column) before the fence
+          reg_fence(p);
+          wgmma_fence();
+          issue_pv<false>(acc, p, desc_v(st));
+          wgmma_commit();
+          wgmma_wait<0>();
+          reg_fence(acc);
+          reg_fence(p);
+          mbar_arrive(empty(st));
+          land_direct<EXPCAST, VSMOOTH>(acc, l, rsum, m, j, n_tiles, rbuf, s_mbuf, cw,
+                                        warp, lane);
+        }
       }
     } else {
       // Turn-taking between the two consumer warpgroups: warpgroup cw issues after waiting on
       // barrier 1 + cw and hands over with barrier 2 - cw. Warpgroup 1 lets warpgroup 0 go
       // first and skips its hand-over at the last issue, so every arrive meets one sync.
+      // Within a warpgroup, QK_j and PV_{j-1} are issued together and tile j's softmax runs
+      // while PV_{j-1} is on the tensor core; *_prev hold tile j-1's alpha, sums and max.
       const int my_turn = 1 + cw, their_turn = 2 - cw;
       if (cw == 1) named_arrive(1, 256);
       // tile 0: QK only
@@ -608,51 +682,103 @@ __global__ void __launch_bounds__(THREADS, 1)
       wgmma_wait<0>();
       reg_fence(s);
       softmax(0);
-      rescale<EXPCAST>(acc, l, alpha);
-      pack_p(p, s);
-      rpend[0] = rsum[0];
-      rpend[1] = rsum[1];
-      for (int j = 1; j < n_tiles; ++j) {
-        const int st = j % STAGES, prev = (j - 1) % STAGES;
-        mbar_wait(full(st), (j / STAGES) & 1);
+      if constexpr (TWO_LEVEL) {
+        // Both products of a turn complete, PV_{j-1} is merged into acc, and only then tile j's
+        // softmax runs: S, the PV block, acc and P are never all live beside the softmax's
+        // temporaries (with them, ptxas spilled). The overlap is the other warpgroup's turn.
+        pack_p(p, s);
+        float a_prev[2] = {alpha[0], alpha[1]}, r_prev[2] = {rsum[0], rsum[1]},
+              m_prev[2] = {m[0], m[1]};
+        for (int j = 1; j < n_tiles; ++j) {
+          const int st = j % STAGES, prev = (j - 1) % STAGES;
+          mbar_wait(full(st), (j / STAGES) & 1);
+          named_sync(my_turn, 256);
+          float pv[C::NACC];
+          reg_fence(p);
+          wgmma_fence();
+          issue_qk(s, desc_q, desc_k(st));
+          wgmma_commit();
+          issue_pv<true>(pv, p, desc_v(prev));
+          wgmma_commit();
+          named_arrive(their_turn, 256);
+          wgmma_wait<0>();
+          reg_fence(s);
+          reg_fence(pv);
+          reg_fence(p);
+          mbar_arrive(empty(prev));
+          land_2l<EXPCAST, VSMOOTH>(acc, pv, l, a_prev, r_prev, m_prev, j - 1, n_tiles, rbuf,
+                                       s_mbuf, cw, warp, lane);
+          softmax(j);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            a_prev[h] = alpha[h];
+            r_prev[h] = rsum[h];
+            m_prev[h] = m[h];
+          }
+          pack_p(p, s);
+        }
+        const int last = n_tiles - 1;
+        named_sync(my_turn, 256);
+        float pv[C::NACC];
+        reg_fence(p);
+        wgmma_fence();
+        issue_pv<true>(pv, p, desc_v(last % STAGES));
+        wgmma_commit();
+        if (cw == 0) named_arrive(their_turn, 256);
+        wgmma_wait<0>();
+        reg_fence(pv);
+        reg_fence(p);
+        mbar_arrive(empty(last % STAGES));
+        land_2l<EXPCAST, VSMOOTH>(acc, pv, l, a_prev, r_prev, m_prev, last, n_tiles, rbuf,
+                                     s_mbuf, cw, warp, lane);
+      } else {
+        // QK_j and PV_{j-1} issued together; tile j's softmax runs while PV_{j-1} is on the
+        // tensor core (acc busy: the rescale by alpha_j waits for it).
+        rescale<EXPCAST>(acc, l, alpha);
+        pack_p(p, s);
+        float rpend[2] = {rsum[0], rsum[1]};
+        for (int j = 1; j < n_tiles; ++j) {
+          const int st = j % STAGES, prev = (j - 1) % STAGES;
+          mbar_wait(full(st), (j / STAGES) & 1);
+          named_sync(my_turn, 256);
+          reg_fence(acc);
+          reg_fence(p);
+          wgmma_fence();
+          issue_qk(s, desc_q, desc_k(st));
+          wgmma_commit();
+          issue_pv<false>(acc, p, desc_v(prev));
+          wgmma_commit();
+          named_arrive(their_turn, 256);
+          wgmma_wait<1>();  // QK_j done; PV_{j-1} may still run
+          reg_fence(s);
+          const float m_prev[2] = {m[0], m[1]};
+          softmax(j);
+          wgmma_wait<0>();  // PV_{j-1} done
+          reg_fence(acc);
+          reg_fence(p);
+          mbar_arrive(empty(prev));
+          land_direct<EXPCAST, VSMOOTH>(acc, l, rpend, m_prev, j - 1, n_tiles, rbuf,
+                                        s_mbuf, cw, warp, lane);
+          rpend[0] = rsum[0];
+          rpend[1] = rsum[1];
+          rescale<EXPCAST>(acc, l, alpha);
+          pack_p(p, s);
+        }
+        const int last = n_tiles - 1;
         named_sync(my_turn, 256);
         reg_fence(acc);
         reg_fence(p);
         wgmma_fence();
-        issue_qk(s, desc_q, desc_k(st));
+        issue_pv<false>(acc, p, desc_v(last % STAGES));
         wgmma_commit();
-        issue_pv(acc, p, desc_v(prev));
-        wgmma_commit();
-        named_arrive(their_turn, 256);
-        wgmma_wait<1>();  // QK_j done; PV_{j-1} may still run
-        reg_fence(s);
-        const float m_prev[2] = {m[0], m[1]};
-        softmax(j);
-        wgmma_wait<0>();  // PV_{j-1} done
+        if (cw == 0) named_arrive(their_turn, 256);
+        wgmma_wait<0>();
         reg_fence(acc);
         reg_fence(p);
-        mbar_arrive(empty(prev));
-        finish_tile<EXPCAST, VSMOOTH>(acc, l, rpend, m_prev, j - 1, n_tiles, rbuf, s_mbuf, cw,
-                                      warp, lane);
-        rpend[0] = rsum[0];
-        rpend[1] = rsum[1];
-        rescale<EXPCAST>(acc, l, alpha);
-        pack_p(p, s);
+        mbar_arrive(empty(last % STAGES));
+        land_direct<EXPCAST, VSMOOTH>(acc, l, rpend, m, last, n_tiles, rbuf, s_mbuf,
+                                      cw, warp, lane);
       }
-      const int last = n_tiles - 1;
-      named_sync(my_turn, 256);
-      reg_fence(acc);
-      reg_fence(p);
-      wgmma_fence();
-      issue_pv(acc, p, desc_v(last % STAGES));
-      wgmma_commit();
-      if (cw == 0) named_arrive(their_turn, 256);
-      wgmma_wait<0>();
-      reg_fence(acc);
-      reg_fence(p);
-      mbar_arrive(empty(last % STAGES));
-      finish_tile<EXPCAST, VSMOOTH>(acc, l, rpend, m, last, n_tiles, rbuf, s_mbuf, cw, warp,
-                                    lane);
     }
 
     // ---------------- epilogue: O = acc * v_scale / l ----------------
@@ -728,22 +854,20 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES>
+template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES>
 struct Variant {
   using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES>;
-  static constexpr auto kernel = vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES>;
+  static constexpr auto kernel =
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
-    static bool configured = false;
-    if (!configured) {
-      cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::ALLOC);
-      if (e != cudaSuccess) return fail("cudaFuncSetAttribute: %s", cudaGetErrorString(e));
-      configured = true;
-    }
+    // Per call (cheap): the attribute belongs to the current device.
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::ALLOC);
+    if (e != cudaSuccess) return fail("cudaFuncSetAttribute: %s", cudaGetErrorString(e));
     kernel<<<grid, THREADS, C::ALLOC, stream>>>(maps[0], maps[1], maps[2], maps[3], prm);
-    cudaError_t e = cudaGetLastError();
+    e = cudaGetLastError();
     if (e != cudaSuccess) return fail("kernel launch: %s", cudaGetErrorString(e));
     return nullptr;
   }
@@ -760,15 +884,42 @@ struct Variant {
   }
 };
 
-template <bool PINGPONG, int STAGES>
-const char* dispatch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4], const Params& prm,
-                     dim3 grid, cudaStream_t stream) {
-  if (expcast)
-    return vsmooth ? Variant<true, true, PINGPONG, STAGES>::launch(maps, prm, grid, stream)
-                   : Variant<true, false, PINGPONG, STAGES>::launch(maps, prm, grid, stream);
-  return vsmooth ? Variant<false, true, PINGPONG, STAGES>::launch(maps, prm, grid, stream)
-                 : Variant<false, false, PINGPONG, STAGES>::launch(maps, prm, grid, stream);
-}
+// The compiled variants, in the order of ForwardArgs::variant (compiled.VARIANTS):
+//   0 simple         warpgroups in turn-free order, two-level accumulation
+//   1 pingpong       ping-pong + in-warpgroup overlap, PV accumulated in the wgmma block
+//   2 pingpong-2lvl  ping-pong + in-warpgroup overlap, two-level accumulation
+//   3 simple-direct  as 0, PV accumulated in the wgmma block
+constexpr int N_VARIANTS = 4;
+constexpr const char* VARIANT_NAMES[N_VARIANTS] = {"simple", "pingpong", "pingpong-2lvl",
+                                                   "simple-direct"};
+constexpr int STAGES_ALL = 3;
+
+template <bool PINGPONG, bool TWO_LEVEL>
+struct Family {
+  template <bool E, bool V>
+  using Of = Variant<E, V, PINGPONG, TWO_LEVEL, STAGES_ALL>;
+
+  static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
+                            const Params& prm, dim3 grid, cudaStream_t stream) {
+    if (expcast)
+      return vsmooth ? Of<true, true>::launch(maps, prm, grid, stream)
+                     : Of<true, false>::launch(maps, prm, grid, stream);
+    return vsmooth ? Of<false, true>::launch(maps, prm, grid, stream)
+                   : Of<false, false>::launch(maps, prm, grid, stream);
+  }
+
+  static void describe(char* text, size_t len, const char* name) {
+    char line[256];
+    Of<true, true>::describe(line, sizeof(line), name);
+    strncat(text, line, len - strlen(text) - 1);
+    Of<false, true>::describe(line, sizeof(line), name);
+    strncat(text, line, len - strlen(text) - 1);
+    Of<true, false>::describe(line, sizeof(line), name);
+    strncat(text, line, len - strlen(text) - 1);
+    Of<false, false>::describe(line, sizeof(line), name);
+    strncat(text, line, len - strlen(text) - 1);
+  }
+};
 
 }  // namespace
 
@@ -777,7 +928,7 @@ const char* forward(const ForwardArgs& a) {
     return fail("bad sequence lengths%s (n_pad %lld)", "", a.n_pad);
   if (a.q_rows < 16 || BM % a.q_rows != 0)
     return fail("q_rows must divide 128 and be at least 16%s, got %lld", "", a.q_rows);
-  if (a.variant < 0 || a.variant > 1) return fail("unknown variant%s %lld", "", a.variant);
+  if (a.variant < 0 || a.variant >= N_VARIANTS) return fail("unknown variant%s %lld", "", a.variant);
   const long long bh = static_cast<long long>(a.batch) * a.heads;
   if (bh < 1 || bh > 65535) return fail("batch x heads out of range%s: %lld", "", bh);
 
@@ -824,31 +975,21 @@ const char* forward(const ForwardArgs& a) {
   const bool vsmooth = a.v_mean != nullptr;
   const dim3 grid(a.n_pad / BM, static_cast<unsigned>(bh));
   auto stream = static_cast<cudaStream_t>(a.stream);
-  return a.variant == 0 ? dispatch<false, 3>(a.expcast, vsmooth, maps, prm, grid, stream)
-                        : dispatch<true, 3>(a.expcast, vsmooth, maps, prm, grid, stream);
+  switch (a.variant) {
+    case 0: return Family<false, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    case 1: return Family<true, false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    case 2: return Family<true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    default: return Family<false, false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+  }
 }
 
 const char* describe() {
-  static char text[2048];
-  char line[256];
+  static char text[4096];
   text[0] = 0;
-  auto add = [&]() { strncat(text, line, sizeof(text) - strlen(text) - 1); };
-  Variant<true, true, false, 3>::describe(line, sizeof(line), "simple");
-  add();
-  Variant<false, true, false, 3>::describe(line, sizeof(line), "simple");
-  add();
-  Variant<true, false, false, 3>::describe(line, sizeof(line), "simple");
-  add();
-  Variant<false, false, false, 3>::describe(line, sizeof(line), "simple");
-  add();
-  Variant<true, true, true, 3>::describe(line, sizeof(line), "pingpong");
-  add();
-  Variant<false, true, true, 3>::describe(line, sizeof(line), "pingpong");
-  add();
-  Variant<true, false, true, 3>::describe(line, sizeof(line), "pingpong");
-  add();
-  Variant<false, false, true, 3>::describe(line, sizeof(line), "pingpong");
-  add();
+  Family<false, true>::describe(text, sizeof(text), VARIANT_NAMES[0]);
+  Family<true, false>::describe(text, sizeof(text), VARIANT_NAMES[1]);
+  Family<true, true>::describe(text, sizeof(text), VARIANT_NAMES[2]);
+  Family<false, false>::describe(text, sizeof(text), VARIANT_NAMES[3]);
   return text;
 }
 
