@@ -7,9 +7,10 @@ equal V itself); (2) Q = 0: uniform attention (every P code the row maximum's); 
 inputs, with the relative error reported per group of 16 query rows (one warp of a consumer
 warpgroup) and per 8 channels when a case is bad, so a wrong index shows as a pattern. Each
 case prints before it launches, so a hang names itself.
-Usage: python3 benchmarks/compiled_smoke.py [N]
+Usage: python3 benchmarks/compiled_smoke.py [--n N] [--variant NAME]  (exit 1 if a case is bad)
 """
 
+import argparse
 import sys
 
 import torch
@@ -37,13 +38,17 @@ def launch(q, k, v, method, options, variant):
 
 
 def main():
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--variant", choices=list(compiled.VARIANTS))
+    args = ap.parse_args()
+    n = args.n
     if compiled.load() is None:
         print("not built:", compiled.status())
         return 1
     g = torch.Generator(device="cuda").manual_seed(0)
     bad = 0
-    for variant in compiled.VARIANTS:
+    for variant in [args.variant] if args.variant else compiled.VARIANTS:
         for method, options in PLANS:
             label = f"{variant:8s} {method}{options or ''}"
             print(f"{label}: launching", flush=True)

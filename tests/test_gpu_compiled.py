@@ -34,10 +34,13 @@ def _hopper_with_nvcc() -> bool:
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _hopper_with_nvcc(),
                                                   reason="needs an sm_90 GPU and nvcc")]
+# VCBENCH_COMPILED_VARIANTS=a,b limits the variants (the device round drops one that hung).
+RUN = [v for v in os.environ.get("VCBENCH_COMPILED_VARIANTS", ",".join(compiled.VARIANTS)).split(",")
+       if v in compiled.VARIANTS]
 VARIANTS = [v if v in compiled.TWO_LEVEL_VARIANTS else
             pytest.param(v, marks=pytest.mark.xfail(reason="FP8 wgmma accumulator truncation "
                                                     "accumulates over tiles", strict=False))
-            for v in compiled.VARIANTS]
+            for v in RUN]
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +110,8 @@ def test_variants_and_triton_agree(built, method):
     plan = get_method(method).plan()
     perm = prepare(q, k, v, plan).permutation
     ops = gpu.prepare_gpu(q, k, v, plan, permutation=perm)
+    if len(RUN) < len(compiled.VARIANTS):
+        pytest.skip("needs every variant")
     outs = {name: compiled.run(ops, plan, torch.empty_like(q), variant=name)
             for name in compiled.VARIANTS}
     triton = gpu.run_prepared(ops, plan, torch.empty_like(q), mean_mma=2)
