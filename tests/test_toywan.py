@@ -68,6 +68,7 @@ def test_vectorised_renderer_equals_drawing_clip_by_clip():
     assert toyvideo.caption_ids(torch.from_numpy(rows)).tolist() == [toyvideo.tokenize(c) for c in captions]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_renderer_on_the_gpu_equals_the_cpu():
     rows, _ = toyvideo.ToyVideo(1).draw(3, 64)

@@ -126,6 +126,7 @@ def train(out: Path, steps: int = 6000, batch: int = 64, lr: float = 1e-3, seed:
     # read back only when a line is logged: no host sync per step.
     sums = torch.zeros(5, device=dev)
     start = time.time()
+
     def inputs(k):
         """Batch k on the device: (x_t, sigma, caption ids, velocity target, shape elements).
         The host sends one small row per clip (clip parameters, caption dropout, noise level);
