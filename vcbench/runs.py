@@ -100,8 +100,14 @@ def write_table(df: pd.DataFrame, path_without_suffix: str | os.PathLike) -> lis
     return [csv, parquet]
 
 
+COMMIT_ENV = "VCBENCH_COMMIT"  # for a copy of the tree whose .git is absent or stale (a device)
+
+
 def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
-    """The commit of the source tree vcbench runs from (with '+dirty' if modified), or None."""
+    """The commit of the source tree vcbench runs from (with '+dirty' if modified), or None.
+    $VCBENCH_COMMIT, when set, is taken as given: a copied tree's git may not be its own."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
     cwd = cwd or Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,

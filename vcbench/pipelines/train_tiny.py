@@ -37,7 +37,6 @@ import argparse
 import copy
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,6 +45,7 @@ import torch
 
 from vcbench.errors import UserError
 from vcbench.pipelines import toyvideo, toywan
+from vcbench.runs import git_commit
 
 DROP_CAPTION = 0.1
 # Loss weight of a shape pixel is 1 + SHAPE_WEIGHT (background 1) at low noise: the shape is
@@ -113,7 +113,7 @@ def train(out: Path, steps: int = 6000, batch: int = 64, lr: float = 1e-3, seed:
             done = max(done, (time.time() - start) / max_seconds)
         return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, done))))
 
-    commit = git_commit()  # now: others may commit while a long run trains
+    commit = git_commit() or "unknown"  # now: others may commit while a long run trains
     data = toyvideo.ToyVideo(data_seed)
     g = torch.Generator().manual_seed(seed)
     # Noise is drawn where it is used: a 16M-float randn on one CPU thread costs more than the
@@ -286,16 +286,6 @@ def describe(dev: torch.device) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
     return f"cpu ({torch.get_num_threads()} threads)"
-
-
-def git_commit() -> str:
-    """HEAD's hash, or "unknown" where the tree is no git checkout (a copy on a device)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10).stdout.strip()
-    except OSError:
-        return "unknown"
-    return head if len(head) == 40 and all(c in "0123456789abcdef" for c in head) else "unknown"
 
 
 def main(argv: list[str] | None = None) -> None:
