@@ -113,10 +113,27 @@ def test_kernel_arguments_match_the_triton_switches():
     assert compiled.arguments(Ops, get_method("vc-8bit").plan())["expcast_bias"] == pytest.approx(119.65)
 
 
-def test_the_default_kernel_is_still_triton(monkeypatch):
+def test_by_default_the_compiled_kernel_runs_only_when_built_and_silently_otherwise(monkeypatch):
     monkeypatch.delenv("VCBENCH_KERNEL", raising=False)
-    assert gpu.kernel_preference() == "triton"
+    assert gpu.kernel_preference() == "auto"
+    monkeypatch.setattr(compiled, "status", lambda: "compiled kernel not built; run `make kernels`")
+    gpu._fallback_note.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not gpu.compiled_for(get_method("vc-8bit").plan())
+    assert caught == []
+    monkeypatch.setattr(compiled, "status", lambda: None)
+    assert gpu.compiled_for(get_method("vc-8bit").plan())
+    monkeypatch.setenv("VCBENCH_KERNEL", "triton")
     assert not gpu.compiled_for(get_method("vc-8bit").plan())
+
+
+def test_default_variants_are_two_level_and_follow_the_measurements():
+    assert compiled.default_variant(get_method("sage2-8bit").plan()) == "pingpong-2lvl"
+    assert compiled.default_variant(get_method("vc-8bit").plan()) == "simple"
+    assert compiled.default_variant(get_method("vc-8bit-vsmooth").plan()) == "simple"
+    for name in ("sage2-8bit", "vc-8bit", "vc-8bit-vsmooth"):
+        assert compiled.default_variant(get_method(name).plan()) in compiled.TWO_LEVEL_VARIANTS
 
 
 def test_sm90_without_a_build_falls_back_with_one_line(monkeypatch):

@@ -26,6 +26,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu.triton_ready(),
 TRITON_METHODS = ["fp8-fa4", "sage2-8bit", "vc-8bit-vsmooth", "vc-8bit"]
 
 
+@pytest.fixture(autouse=True)
+def triton_kernel(monkeypatch):
+    """These tests are the Triton kernel's, also where a compiled build exists (its own tests
+    are tests/test_gpu_compiled.py)."""
+    monkeypatch.setenv("VCBENCH_KERNEL", "triton")
+
+
 def inputs(kind, n, d, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(1, 4, n, d, device="cuda", generator=g) for _ in range(3))

@@ -39,7 +39,20 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # accumulator at every wgmma the emulation does not model. "simple" is two-level.
 VARIANTS = {"simple": 0, "pingpong": 1, "pingpong-2lvl": 2, "simple-direct": 3}
 TWO_LEVEL_VARIANTS = ("simple", "pingpong-2lvl")
-DEFAULT_VARIANT = "simple"  # until a device round says which is right and fastest
+DEFAULT_VARIANT = "simple"
+
+
+def default_variant(plan) -> str:
+    """The fastest two-level variant per kind of plan, measured on the H200 at the Wan2.2 shape
+    (docs/perf.md, 2026-11-30): exp2 without V-Smooth (sage2-8bit) pingpong-2lvl 151.3 ms vs
+    simple 157.6; ExpCast (vc-8bit) simple 137.1 vs 139.7; exp2 with V-Smooth simple 157.6
+    vs 167.6. The direct variants are faster but drift from the emulation (accumulator
+    truncation), so they are never a default."""
+    from vcbench.kernels.probability import ExpCast
+
+    if not isinstance(plan.p, ExpCast) and plan.vsmooth is None:
+        return "pingpong-2lvl"
+    return DEFAULT_VARIANT
 IMPLEMENTATION = "vcbench-sm90"
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"
 
@@ -196,7 +209,7 @@ def arguments(ops, plan) -> dict:
                 log2_p_scale=0.0 if expcast else math.log2(float(plan.p.scale)))
 
 
-def run(ops, plan, out, variant: str | int = DEFAULT_VARIANT):
+def run(ops, plan, out, variant: str | int | None = None):
     """Attention of prepared operands into `out` (B, H, N, D), bf16/fp16, any strides with a
     unit last stride. Raises RuntimeError with `status()` when the kernel cannot run here."""
     module = load()
@@ -205,6 +218,7 @@ def run(ops, plan, out, variant: str | int = DEFAULT_VARIANT):
     reason = unsupported_reason(plan, ops.q.shape[-1])
     if reason:
         raise RuntimeError(reason)
+    variant = default_variant(plan) if variant is None else variant
     v = VARIANTS[variant] if isinstance(variant, str) else int(variant)
     return module.forward(ops.q, ops.q_scale, ops.k, ops.k_scale, ops.v_t, ops.v_scale,
                           ops.v_mean, out, variant=v, **arguments(ops, plan))
