@@ -2,10 +2,10 @@
 tokenizer built here (no download), tiny transformer and VAE, random weights, saved with
 save_pretrained and loaded back through the `--model-path` loader."""
 
-import json
 
 import numpy as np
 import torch
+from tiny_tokenizers import byte_level_qwen_tokenizer
 
 import vcbench
 from vcbench.pipelines.loaded import ClipSettings
@@ -17,15 +17,7 @@ SMALL = ClipSettings(steps=2, frames=5, height=64, width=64)
 
 
 def _qwen_tokenizer(folder):
-    from transformers import Qwen2Tokenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    folder.mkdir()
-    (folder / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(bytes_to_unicode().values())}))
-    (folder / "merges.txt").write_text("#version: 0.2\n")  # byte-level, no merges
-    tok = Qwen2Tokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), pad_token="<|endoftext|>",
-                         eos_token="<|im_end|>", unk_token=None, bos_token=None)
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok = byte_level_qwen_tokenizer(folder)
     tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     return tok

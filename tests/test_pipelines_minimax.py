@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from tiny_tokenizers import byte_level_qwen_tokenizer
 
 import vcbench
 from vcbench.errors import UserError
@@ -135,17 +136,8 @@ PROMPT = "a red kite over a grey sea"
 
 def _qwen3vl_tokenizer(folder):
     """Byte-level Qwen2 tokenizer with the vision tokens Qwen3VLProcessor looks up."""
-    from transformers import Qwen2Tokenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    folder.mkdir()
-    (folder / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(bytes_to_unicode().values())}))
-    (folder / "merges.txt").write_text("#version: 0.2\n")  # byte-level, no merges
-    tok = Qwen2Tokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), pad_token="<|endoftext|>",
-                         eos_token="<|im_end|>", unk_token=None, bos_token=None)
-    tok.add_special_tokens({"additional_special_tokens": [
-        "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]})
-    return tok
+    return byte_level_qwen_tokenizer(folder, (
+        "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"))
 
 
 def _save_full_minimax(path):
