@@ -44,11 +44,10 @@ def main():
     if gpu.flash_attn4() is not None:
         rows.append(("bf16", "cudnn-sdpa", bench(cudnn, args.quick)))
     variants = {  # the implementation switches; the launch configs below
-        "sage2-8bit": [dict(int_cvt=0), dict(int_cvt=1)],
+        "sage2-8bit": [dict(pv_two_level=t) for t in (True, False)],
         "fp8-fa4": [dict()],
-        "vc-8bit-vsmooth": [dict(mean_mma=0), dict(mean_mma=1, int_cvt=0),
-                            dict(mean_mma=1, int_cvt=1), dict(mean_mma=2, int_cvt=1)],
-        "vc-8bit": [dict(rowsum=r, mean_mma=mm) for r in (0, 1) for mm in (1, 2)],
+        "vc-8bit-vsmooth": [dict(mean_mma=mm, pv_two_level=t) for mm in (1, 2) for t in (True, False)],
+        "vc-8bit": [dict(mean_mma=mm, pv_two_level=t) for mm in (1, 2) for t in (True, False)],
     }
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     baseline = None
