@@ -46,7 +46,7 @@ cuobjdump -sass "$LIB" > "$OUT/kernel.sass" 2>/dev/null || true
 
 # 3. smoke, one process per variant: a variant that hangs is killed and left out after this
 ok_variants=""
-for v in simple pingpong pingpong-2lvl simple-direct; do
+for v in $(python3 -c 'from vcbench.kernels import compiled; print(" ".join(compiled.VARIANTS))'); do
   timeout -s KILL 45 python3 benchmarks/compiled_smoke.py --variant "$v" > "$OUT/smoke-$v.txt" 2>&1
   rc=$?
   grep -E "ok |BAD|per 16|per 8|Error|error" "$OUT/smoke-$v.txt" | head -n 12
@@ -66,5 +66,5 @@ fi
 
 # 5. timing, table last
 w=${TIMEIT%,*}; s=${TIMEIT#*,}
-timeout -s KILL 190 python3 benchmarks/compiled_timeit.py --shape "$SHAPE" --warmup-s "$w" \
-  --window-s "$s" --json "$OUT/timeit.json" 2>&1 | tee "$OUT/timeit.txt" | tail -n 14
+timeout -s KILL 300 python3 benchmarks/compiled_timeit.py --shape "$SHAPE" --warmup-s "$w" \
+  --window-s "$s" --json "$OUT/timeit.json" 2>&1 | tee "$OUT/timeit.txt" | tail -n 24

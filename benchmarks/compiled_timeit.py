@@ -22,10 +22,12 @@ from vcbench.timing.cupti import time_kernels
 from vcbench.timing.timeit import PRESETS, attention_flops, make_inputs
 
 SAGE2_OFFICIAL_MS = 128.5  # ../shared/anchors/h200-attention.md, Wan2.2 shape, kernel only
-# which compiled variants to time per method (all four for the product's method)
-METHODS = {"sage2-8bit": ("simple", "pingpong-2lvl"),
-           "vc-8bit-vsmooth": ("simple", "pingpong-2lvl"),
-           "vc-8bit": ("simple", "simple-direct", "pingpong", "pingpong-2lvl")}
+# which compiled variants to time per method (all of them for the product's method; the "-sat"
+# variants differ from their base only with ExpCast, so exp2 plans time the grouped one only)
+METHODS = {"sage2-8bit": ("simple", "pingpong-2lvl", "pingpong-g4-sat"),
+           "vc-8bit-vsmooth": ("simple", "pingpong-2lvl", "pingpong-g4-sat"),
+           "vc-8bit": ("simple", "simple-direct", "pingpong", "pingpong-2lvl", "simple-sat",
+                       "pingpong-2lvl-sat", "pingpong-g4-sat")}
 SAMPLE_HEADS, SAMPLE_ROWS = (0, 1), 256
 
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections import Counter
 
-INSTANCE = re.compile(r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELb(\d)ELi(\d+)E")
+INSTANCE = re.compile(r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELb(\d)ELi(\d+)E(?:Lb(\d)ELi(\d+)E)?")
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
@@ -33,12 +33,13 @@ def main() -> int:
                           text=True).stdout
     ok = True
     print(f"{'variant':38s} {'instr':>6s} {'IGMMA':>5s} {'QGMMA':>5s} {'DEPBAR':>6s} {'HMMA':>4s} "
-          f"{'LDL/STL':>7s} {'MUFU.EX2':>8s} {'I2FP':>5s} {'I2F':>4s}  check")
+          f"{'LDL/STL':>7s} {'MUFU.EX2':>8s} {'I2FP':>5s} {'I2F':>4s} {'FMNMX':>5s}  check")
     for name, ops in functions(sass):
         m = INSTANCE.search(name)
         if not m:
             continue
-        expcast, vsmooth, pingpong, two_level, stages = (int(x) for x in m.groups())
+        expcast, vsmooth, pingpong, two_level, stages, sat, group = (
+            int(x) if x is not None else 0 for x in m.groups())
         base = Counter(op.split(".")[0] for op in ops)
         full = Counter(ops)
         ex2 = sum(v for k, v in full.items() if k.startswith("MUFU.EX2"))
@@ -63,9 +64,12 @@ def main() -> int:
             problems.append(f"MUFU.EX2 {ex2} > {ex2_allowed}: on the P path?")
         ok &= not problems
         label = (f"{'pingpong' if pingpong else 'simple'}{' 2lvl' if two_level else ' direct'} "
-                 f"{'expcast' if expcast else 'exp2'}{' vsmooth' if vsmooth else ''} s{stages}")
+                 f"{'expcast' if expcast else 'exp2'}{' vsmooth' if vsmooth else ''} s{stages}"
+                 f"{' sat' if sat else ''}{f' g{group}' if group else ''}")
+        if group:  # grouped two-level: direct schedule, merged every `group` tiles
+            label = label.replace(" direct", f" grouped")
         print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
-              f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d}  "
+              f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
               f"{'ok' if not problems else '; '.join(problems)}")
     names = sorted({op for _, ops in functions(sass) for op in ops if "GMMA" in op})
     print("matrix instructions as printed:", ", ".join(names))

@@ -13,8 +13,11 @@ per-channel E4M3 V, P by ExpCast-FP8 or exp2-then-E4M3, optional V-Smooth, head 
 `vc-8bit`, `vc-8bit-vsmooth`, and `sage2-8bit`'s kernel. Variants (VARIANTS): "simple" (each
 consumer warpgroup runs QK, softmax, PV in turn), "pingpong" (the two consumer warpgroups take
 turns on the tensor core, and within one the softmax of tile j overlaps PV of tile j-1),
-"pingpong-2lvl" (turns, no overlap within a warpgroup), "simple-direct"; see VARIANTS' comment
-for the accumulation each uses.
+"pingpong-2lvl" (turns, no overlap within a warpgroup), "simple-direct", and since the
+ping-pong analysis (docs/perf.md, "why ping-pong did not overlap"): "simple-sat" and
+"pingpong-2lvl-sat" (ExpCast's clamp folded into FFMA.SAT, bit-identical codes),
+"pingpong-g4-sat" (the "pingpong" schedule, its wgmma block merged into an FP32 accumulator
+every 4 tiles); see VARIANTS' comment for the accumulation each uses.
 """
 
 from __future__ import annotations
@@ -37,8 +40,13 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # wgmma block, added to the FP32 accumulator on the CUDA cores, as the emulation accumulates);
 # "direct": PV accumulated in the wgmma block across all tiles, whose 13-bit truncation of the
 # accumulator at every wgmma the emulation does not model. "simple" is two-level.
-VARIANTS = {"simple": 0, "pingpong": 1, "pingpong-2lvl": 2, "simple-direct": 3}
-TWO_LEVEL_VARIANTS = ("simple", "pingpong-2lvl")
+# "-sat": ExpCast's max(t, 0) and magic add as FFMA.SAT + FFMA (same codes, one instruction less
+# per score; with exp2 the same code as without). "g4": grouped two-level, the wgmma block holds
+# 4 tiles' products (16 truncating wgmma adds) before an FP32 merge: between the two, so it is
+# not counted as two-level (its tests may fail like the direct ones'; the round measures it).
+VARIANTS = {"simple": 0, "pingpong": 1, "pingpong-2lvl": 2, "simple-direct": 3,
+            "pingpong-2lvl-sat": 4, "pingpong-g4-sat": 5, "simple-sat": 6}
+TWO_LEVEL_VARIANTS = ("simple", "pingpong-2lvl", "pingpong-2lvl-sat", "simple-sat")
 DEFAULT_VARIANT = "simple"
 
 

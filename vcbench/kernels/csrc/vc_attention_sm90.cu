@@ -75,7 +75,8 @@ struct Params {
   float expcast_bias, log2_p_scale;
 };
 
-template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES>
+// EXTRA: bytes after the barriers (the grouped variant's FP32 accumulator, 16-byte aligned).
+template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, int EXTRA = 0>
 struct Config {
   static constexpr int PV_N = EXPCAST ? 136 : 128;  // + ones column (ExpCast's row sum)
   static constexpr int NACC = PV_N / 2;             // accumulator registers per thread
@@ -91,7 +92,8 @@ struct Config {
   static constexpr int RBUF_BYTES = VSMOOTH ? NC * MEAN_BATCH * 64 * 8 : 0;  // (r, m) per row
   static constexpr int BAR_OFF = RBUF_OFF + RBUF_BYTES;
   static constexpr int BAR_BYTES = (2 * STAGES + 1) * 8;
-  static constexpr int ALLOC = BAR_OFF + BAR_BYTES + 1024;  // + slack to align the base
+  static constexpr int EXTRA_OFF = (BAR_OFF + BAR_BYTES + 15) / 16 * 16;
+  static constexpr int ALLOC = EXTRA_OFF + EXTRA + 1024;  // + slack to align the base
   static_assert(STAGE_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms");
   static_assert(STAGES >= 2 && STAGES < MEAN_BATCH, "mean buffers are reused every 2 batches");
 };
@@ -197,6 +199,13 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// fma with the result clamped to [0, 1] (NaN to +0): FFMA.SAT, one instruction.
+__device__ __forceinline__ float fma_sat(float a, float b, float c) {
+  float d;
+  asm("fma.rn.sat.f32 %0, %1, %2, %3;\n" : "=f"(d) : "f"(a), "f"(b), "f"(c));
+  return d;
+}
+
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -285,7 +294,12 @@ __device__ __forceinline__ void issue_pv(float (&acc)[NACC], const uint32_t (&p)
 // rescale of the accumulator, rsum (exp2 path) the full row sums of P, and s[4c + 2h] the two
 // P bytes of columns 8c + 2q, +1 in its low 16 bits (pack_p builds the A fragment from them).
 // c_scale: q_scale * k_scale (S = raw * c_scale, log2 units).
-template <bool EXPCAST, bool MASK>
+// SAT (the "-sat" variants): ExpCast's clamp folded into the FFMA, bit-identical codes. The
+// FFMA computes t/256 = fma(S, c8/256, bias/256) with .sat (scaling by 2^-8 commutes with the
+// rounding, and t <= 120 + beta < 256 never reaches the upper clamp; t < 0 and NaN give 0),
+// and a second FFMA fma(t/256, 256, 1.5 * 2^23) is the magic add of the exact t: FFMA.SAT +
+// FFMA replace FFMA + FMNMX + FADD, one ALU-pipe instruction less per score.
+template <bool EXPCAST, bool MASK, bool SAT = false>
 __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], float (&alpha)[2],
                                              float (&rsum)[2], float c_scale, float expcast_bias,
                                              float log2_p_scale, int n_valid, int q) {
@@ -323,6 +337,13 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
         uint32_t u[2];
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
+          if constexpr (SAT) {
+            float t = fma_sat(static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b])),
+                              c8 * 0.00390625f, bias[h] * 0.00390625f);
+            if (MASK && key_of(c, q, b) >= n_valid) t = 0.f;
+            u[b] = __float_as_uint(fmaf(t, 256.f, 12582912.f));  // low byte: rne(t)
+            continue;
+          }
           float t = fmaf(static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b])), c8, bias[h]);
           if (MASK && key_of(c, q, b) >= n_valid) t = 0.f;
           t = fmaxf(t, 0.f);  // below 0 the code underflows to 0; t <= 120 + beta by construction
@@ -505,13 +526,16 @@ __device__ __forceinline__ void land_direct(float (&acc)[NA], float (&l)[2],
 // ------------------------------------------------------------------------------------------
 // The kernel
 // ------------------------------------------------------------------------------------------
-template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES>
+template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES,
+          bool SAT = false, int GROUP = 0>
 __global__ void __launch_bounds__(THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
                         const __grid_constant__ CUtensorMap tm_k1,
                         const __grid_constant__ CUtensorMap tm_v, const Params prm) {
-  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES>;
+  // The grouped variant keeps its FP32 accumulator in shared memory: 64 floats per consumer
+  // thread (64 KB), since in registers beside the wgmma block, S and P it made ptxas spill.
+  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, GROUP ? 64 * 4 * 128 * NC : 0>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -618,15 +642,122 @@ __global__ void __launch_bounds__(THREADS, 1)
       const float c_scale = q_scale * ks_next;
       if (j + 1 < n_tiles) ks_next = __ldg(k_scale + j + 1);
       if (j == masked)
-        softmax_tile<EXPCAST, true>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+        softmax_tile<EXPCAST, true, SAT>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                     prm.log2_p_scale, prm.n - j * BN, q);
       else
-        softmax_tile<EXPCAST, false>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+        softmax_tile<EXPCAST, false, SAT>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                      prm.log2_p_scale, BN, q);
     };
     mbar_wait(bar_q, 0);
 
-    if constexpr (!PINGPONG) {
+    if constexpr (GROUP > 0) {
+      static_assert(PINGPONG && !TWO_LEVEL && MEAN_BATCH % GROUP == 0, "grouped: see below");
+      // Grouped two-level accumulation on the direct ping-pong schedule ("pingpong-g4-sat"):
+      // acc is the wgmma block as in "pingpong", but it holds only GROUP tiles' products (the
+      // first PV of a group overwrites it, scale-d = 0); after the group's last tile it is
+      // added to the FP32 accumulator acc32 on the CUDA cores (acc32 = acc32 * A + acc, A the
+      // product of the alphas since the last merge). The FP8 wgmma truncates 4 x GROUP times
+      // per merge instead of 4 x n_tiles, and the merge costs 64 FFMA per GROUP tiles, not per
+      // tile as in the two-level variants. QK_j and PV_{j-1} are issued together and tile j's
+      // softmax overlaps PV_{j-1}, as in "pingpong".
+      // acc32: this thread's 64 floats as 16 float4, thread-major (conflict-free LDS/STS.128);
+      // only this thread touches them, so no barrier.
+      float4* acc32 = reinterpret_cast<float4*>(smem + C::EXTRA_OFF) + cw * 128 + tid;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc32[i * 128 * NC] = make_float4(0.f, 0.f, 0.f, 0.f);
+      float amul[2] = {1.f, 1.f};
+      const int my_turn = 1 + cw, their_turn = 2 - cw;
+      if (cw == 1) named_arrive(1, 256);
+      mbar_wait(full(0), 0);
+      named_sync(my_turn, 256);
+      wgmma_fence();
+      issue_qk(s, desc_q, desc_k(0));
+      wgmma_commit();
+      named_arrive(their_turn, 256);
+      wgmma_wait<0>();
+      reg_fence(s);
+      softmax(0);
+      rescale<EXPCAST>(acc, l, alpha);
+      amul[0] *= alpha[0];
+      amul[1] *= alpha[1];
+      pack_p(p, s);
+      float rpend[2] = {rsum[0], rsum[1]};
+      auto issue_pv_grouped = [&](int st, int scale_d) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          if constexpr (C::NACC == 68)
+            wgmma_e4m3_rs_n136_pred(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                                    desc_v(st) + 2 * kk, kk == 0 ? scale_d : 1);
+          else
+            wgmma_e4m3_rs_n128_pred(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                                    desc_v(st) + 2 * kk, kk == 0 ? scale_d : 1);
+        }
+      };
+      for (int j = 1; j < n_tiles; ++j) {
+        const int st = j % STAGES, prev = (j - 1) % STAGES;
+        mbar_wait(full(st), (j / STAGES) & 1);
+        named_sync(my_turn, 256);
+        reg_fence(acc);
+        reg_fence(p);
+        wgmma_fence();
+        issue_qk(s, desc_q, desc_k(st));
+        wgmma_commit();
+        issue_pv_grouped(prev, (j - 1) % GROUP != 0);
+        wgmma_commit();
+        named_arrive(their_turn, 256);
+        wgmma_wait<1>();  // QK_j done; PV_{j-1} may still run
+        reg_fence(s);
+        const float m_prev[2] = {m[0], m[1]};
+        softmax(j);
+        wgmma_wait<0>();  // PV_{j-1} done
+        reg_fence(acc);
+        reg_fence(p);
+        mbar_arrive(empty(prev));
+        land_direct<EXPCAST, VSMOOTH>(acc, l, rpend, m_prev, j - 1, n_tiles, rbuf, s_mbuf, cw,
+                                      warp, lane);
+        if ((j - 1) % GROUP == GROUP - 1) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            float4 v = acc32[i * 128 * NC];
+            v.x = fmaf(v.x, amul[0], acc[4 * i + 0]);
+            v.y = fmaf(v.y, amul[0], acc[4 * i + 1]);
+            v.z = fmaf(v.z, amul[1], acc[4 * i + 2]);
+            v.w = fmaf(v.w, amul[1], acc[4 * i + 3]);
+            acc32[i * 128 * NC] = v;
+          }
+          amul[0] = amul[1] = 1.f;
+        }
+        rpend[0] = rsum[0];
+        rpend[1] = rsum[1];
+        rescale<EXPCAST>(acc, l, alpha);
+        amul[0] *= alpha[0];
+        amul[1] *= alpha[1];
+        pack_p(p, s);
+      }
+      const int last = n_tiles - 1;
+      named_sync(my_turn, 256);
+      reg_fence(acc);
+      reg_fence(p);
+      wgmma_fence();
+      issue_pv_grouped(last % STAGES, last % GROUP != 0);
+      wgmma_commit();
+      if (cw == 0) named_arrive(their_turn, 256);
+      wgmma_wait<0>();
+      reg_fence(acc);
+      reg_fence(p);
+      mbar_arrive(empty(last % STAGES));
+      land_direct<EXPCAST, VSMOOTH>(acc, l, rpend, m, last, n_tiles, rbuf, s_mbuf, cw, warp,
+                                    lane);
+      // the last merge, into acc (what the epilogue reads)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const float4 v = acc32[i * 128 * NC];
+        acc[4 * i + 0] = fmaf(v.x, amul[0], acc[4 * i + 0]);
+        acc[4 * i + 1] = fmaf(v.y, amul[0], acc[4 * i + 1]);
+        acc[4 * i + 2] = fmaf(v.z, amul[1], acc[4 * i + 2]);
+        acc[4 * i + 3] = fmaf(v.w, amul[1], acc[4 * i + 3]);
+      }
+    } else if constexpr (!PINGPONG) {
       for (int j = 0; j < n_tiles; ++j) {
         const int st = j % STAGES;
         mbar_wait(full(st), (j / STAGES) & 1);
@@ -854,11 +985,12 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES>
+template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES, bool SAT = false,
+          int GROUP = 0>
 struct Variant {
-  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES>;
+  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, GROUP ? 64 * 4 * 128 * NC : 0>;
   static constexpr auto kernel =
-      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES>;
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, GROUP>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
@@ -889,15 +1021,22 @@ struct Variant {
 //   1 pingpong       ping-pong + in-warpgroup overlap, PV accumulated in the wgmma block
 //   2 pingpong-2lvl  ping-pong + in-warpgroup overlap, two-level accumulation
 //   3 simple-direct  as 0, PV accumulated in the wgmma block
-constexpr int N_VARIANTS = 4;
-constexpr const char* VARIANT_NAMES[N_VARIANTS] = {"simple", "pingpong", "pingpong-2lvl",
-                                                   "simple-direct"};
+//   4 pingpong-2lvl-sat  as 2, ExpCast's clamp folded into FFMA.SAT (bit-identical codes)
+//   5 pingpong-g4-sat    as 1 (in-warpgroup overlap), the wgmma block merged into an FP32
+//                        accumulator every 4 tiles (grouped two-level), FFMA.SAT ExpCast
+//   6 simple-sat         as 0 with FFMA.SAT ExpCast: the A/B of the softmax change alone
+// (SAT changes only ExpCast: with exp2 the "-sat" variants run the same code as without.)
+constexpr int N_VARIANTS = 7;
+constexpr const char* VARIANT_NAMES[N_VARIANTS] = {
+    "simple", "pingpong", "pingpong-2lvl", "simple-direct", "pingpong-2lvl-sat",
+    "pingpong-g4-sat", "simple-sat"};
+constexpr int GROUP_G4 = 4;
 constexpr int STAGES_ALL = 3;
 
-template <bool PINGPONG, bool TWO_LEVEL>
+template <bool PINGPONG, bool TWO_LEVEL, bool SAT = false, int GROUP = 0>
 struct Family {
   template <bool E, bool V>
-  using Of = Variant<E, V, PINGPONG, TWO_LEVEL, STAGES_ALL>;
+  using Of = Variant<E, V, PINGPONG, TWO_LEVEL, STAGES_ALL, SAT, GROUP>;
 
   static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
                             const Params& prm, dim3 grid, cudaStream_t stream) {
@@ -979,17 +1118,27 @@ const char* forward(const ForwardArgs& a) {
     case 0: return Family<false, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 1: return Family<true, false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 2: return Family<true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    case 4:
+      return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    case 5:
+      return Family<true, false, true, GROUP_G4>::launch(a.expcast, vsmooth, maps, prm, grid,
+                                                         stream);
+    case 6:
+      return Family<false, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     default: return Family<false, false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
   }
 }
 
 const char* describe() {
-  static char text[4096];
+  static char text[8192];
   text[0] = 0;
   Family<false, true>::describe(text, sizeof(text), VARIANT_NAMES[0]);
   Family<true, false>::describe(text, sizeof(text), VARIANT_NAMES[1]);
   Family<true, true>::describe(text, sizeof(text), VARIANT_NAMES[2]);
   Family<false, false>::describe(text, sizeof(text), VARIANT_NAMES[3]);
+  Family<true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[4]);
+  Family<true, false, true, GROUP_G4>::describe(text, sizeof(text), VARIANT_NAMES[5]);
+  Family<false, true, true>::describe(text, sizeof(text), VARIANT_NAMES[6]);
   return text;
 }
 
