@@ -206,6 +206,14 @@ __device__ __forceinline__ float fma_sat(float a, float b, float c) {
   return d;
 }
 
+// An s32 score to f32 without I2FP: |s| <= 128 * 128 * 128 = 2^21 < 2^22, so the bits of
+// 1.5 * 2^23 + s are 0x4B400000 + s (an integer add) and subtracting 1.5 * 2^23 is exact: the same
+// value as the conversion, by an IADD and an FADD (the "-i" variants: the I2FP rate on sm_90 is
+// not documented; this is its A/B).
+__device__ __forceinline__ float s32_to_f32_add(uint32_t s) {
+  return __uint_as_float(s + 0x4B400000u) - 12582912.f;
+}
+
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -299,7 +307,7 @@ __device__ __forceinline__ void issue_pv(float (&acc)[NACC], const uint32_t (&p)
 // rounding, and t <= 120 + beta < 256 never reaches the upper clamp; t < 0 and NaN give 0),
 // and a second FFMA fma(t/256, 256, 1.5 * 2^23) is the magic add of the exact t: FFMA.SAT +
 // FFMA replace FFMA + FMNMX + FADD, one ALU-pipe instruction less per score.
-template <bool EXPCAST, bool MASK, bool SAT = false>
+template <bool EXPCAST, bool MASK, bool SAT = false, bool ITOF = false>
 __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], float (&alpha)[2],
                                              float (&rsum)[2], float c_scale, float expcast_bias,
                                              float log2_p_scale, int n_valid, int q) {
@@ -338,8 +346,9 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
           if constexpr (SAT) {
-            float t = fma_sat(static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b])),
-                              c8 * 0.00390625f, bias[h] * 0.00390625f);
+            const float x = ITOF ? s32_to_f32_add(s[4 * c + 2 * h + b])
+                                 : static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b]));
+            float t = fma_sat(x, c8 * 0.00390625f, bias[h] * 0.00390625f);
             if (MASK && key_of(c, q, b) >= n_valid) t = 0.f;
             u[b] = __float_as_uint(fmaf(t, 256.f, 12582912.f));  // low byte: rne(t)
             continue;
@@ -362,8 +371,9 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
         float pf[2];
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
-          float x = fmaf(static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b])), c_scale,
-                         bias[h]);
+          float x = fmaf(ITOF ? s32_to_f32_add(s[4 * c + 2 * h + b])
+                              : static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b])),
+                         c_scale, bias[h]);
           if (MASK && key_of(c, q, b) >= n_valid) x = -INFINITY;
           pf[b] = ex2(x);
           rsum[h] += pf[b];
@@ -527,7 +537,7 @@ __device__ __forceinline__ void land_direct(float (&acc)[NA], float (&l)[2],
 // The kernel
 // ------------------------------------------------------------------------------------------
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES,
-          bool SAT = false, int GROUP = 0>
+          bool SAT = false, int GROUP = 0, bool ITOF = false>
 __global__ void __launch_bounds__(THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
@@ -642,10 +652,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       const float c_scale = q_scale * ks_next;
       if (j + 1 < n_tiles) ks_next = __ldg(k_scale + j + 1);
       if (j == masked)
-        softmax_tile<EXPCAST, true, SAT>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+        softmax_tile<EXPCAST, true, SAT, ITOF>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                     prm.log2_p_scale, prm.n - j * BN, q);
       else
-        softmax_tile<EXPCAST, false, SAT>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+        softmax_tile<EXPCAST, false, SAT, ITOF>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                      prm.log2_p_scale, BN, q);
     };
     mbar_wait(bar_q, 0);
@@ -986,11 +996,11 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
 }
 
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES, bool SAT = false,
-          int GROUP = 0>
+          int GROUP = 0, bool ITOF = false>
 struct Variant {
   using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, GROUP ? 64 * 4 * 128 * NC : 0>;
   static constexpr auto kernel =
-      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, GROUP>;
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, GROUP, ITOF>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
@@ -1025,18 +1035,20 @@ struct Variant {
 //   5 pingpong-g4-sat    as 1 (in-warpgroup overlap), the wgmma block merged into an FP32
 //                        accumulator every 4 tiles (grouped two-level), FFMA.SAT ExpCast
 //   6 simple-sat         as 0 with FFMA.SAT ExpCast: the A/B of the softmax change alone
+//   7 pingpong-g4-sati   as 5, the scores converted by IADD + FADD instead of I2FP (same
+//                        values; ExpCast and exp2): the A/B of the I2FP rate
 // (SAT changes only ExpCast: with exp2 the "-sat" variants run the same code as without.)
-constexpr int N_VARIANTS = 7;
+constexpr int N_VARIANTS = 8;
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {
     "simple", "pingpong", "pingpong-2lvl", "simple-direct", "pingpong-2lvl-sat",
-    "pingpong-g4-sat", "simple-sat"};
+    "pingpong-g4-sat", "simple-sat", "pingpong-g4-sati"};
 constexpr int GROUP_G4 = 4;
 constexpr int STAGES_ALL = 3;
 
-template <bool PINGPONG, bool TWO_LEVEL, bool SAT = false, int GROUP = 0>
+template <bool PINGPONG, bool TWO_LEVEL, bool SAT = false, int GROUP = 0, bool ITOF = false>
 struct Family {
   template <bool E, bool V>
-  using Of = Variant<E, V, PINGPONG, TWO_LEVEL, STAGES_ALL, SAT, GROUP>;
+  using Of = Variant<E, V, PINGPONG, TWO_LEVEL, STAGES_ALL, SAT, GROUP, ITOF>;
 
   static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
                             const Params& prm, dim3 grid, cudaStream_t stream) {
@@ -1125,6 +1137,9 @@ const char* forward(const ForwardArgs& a) {
                                                          stream);
     case 6:
       return Family<false, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    case 7:
+      return Family<true, false, true, GROUP_G4, true>::launch(a.expcast, vsmooth, maps, prm,
+                                                               grid, stream);
     default: return Family<false, false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
   }
 }
@@ -1139,6 +1154,7 @@ const char* describe() {
   Family<true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[4]);
   Family<true, false, true, GROUP_G4>::describe(text, sizeof(text), VARIANT_NAMES[5]);
   Family<false, true, true>::describe(text, sizeof(text), VARIANT_NAMES[6]);
+  Family<true, false, true, GROUP_G4, true>::describe(text, sizeof(text), VARIANT_NAMES[7]);
   return text;
 }
 
