@@ -25,9 +25,11 @@ SAGE2_OFFICIAL_MS = 128.5  # ../shared/anchors/h200-attention.md, Wan2.2 shape, 
 # which compiled variants to time per method (all of them for the product's method; the "-sat"
 # variants differ from their base only with ExpCast, so exp2 plans time the grouped one only)
 METHODS = {"sage2-8bit": ("simple", "pingpong-2lvl", "pingpong-g4-sat"),
-           "vc-8bit-vsmooth": ("simple", "pingpong-2lvl", "pingpong-g4-sat", "pingpong-g4-sati"),
+           "vc-8bit-vsmooth": ("simple", "pingpong-2lvl", "pingpong-g4-sat", "pingpong-g4-sati",
+                               "simple-sati"),
            "vc-8bit": ("simple", "simple-direct", "pingpong", "pingpong-2lvl", "simple-sat",
-                       "pingpong-2lvl-sat", "pingpong-g4-sat", "pingpong-g4-sati")}
+                       "pingpong-2lvl-sat", "pingpong-g4-sat", "pingpong-g4-sati",
+                       "simple-sati")}
 SAMPLE_HEADS, SAMPLE_ROWS = (0, 1), 256
 
 

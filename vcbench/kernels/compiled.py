@@ -17,7 +17,8 @@ turns on the tensor core, and within one the softmax of tile j overlaps PV of ti
 ping-pong analysis (docs/perf.md, "why ping-pong did not overlap"): "simple-sat" and
 "pingpong-2lvl-sat" (ExpCast's clamp folded into FFMA.SAT, bit-identical codes),
 "pingpong-g4-sat" (the "pingpong" schedule, its wgmma block merged into an FP32 accumulator
-every 4 tiles), "pingpong-g4-sati" (as that, scores converted without I2FP); see VARIANTS' comment for the accumulation each uses.
+every 4 tiles), "pingpong-g4-sati" and "simple-sati" (as those, scores converted without
+I2FP); see VARIANTS' comment for the accumulation each uses.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # same values; ExpCast and exp2 both).
 VARIANTS = {"simple": 0, "pingpong": 1, "pingpong-2lvl": 2, "simple-direct": 3,
             "pingpong-2lvl-sat": 4, "pingpong-g4-sat": 5, "simple-sat": 6,
-            "pingpong-g4-sati": 7}
-TWO_LEVEL_VARIANTS = ("simple", "pingpong-2lvl", "pingpong-2lvl-sat", "simple-sat")
+            "pingpong-g4-sati": 7, "simple-sati": 8}
+TWO_LEVEL_VARIANTS = ("simple", "pingpong-2lvl", "pingpong-2lvl-sat", "simple-sat", "simple-sati")
 DEFAULT_VARIANT = "simple"
 
 

@@ -1037,11 +1037,12 @@ struct Variant {
 //   6 simple-sat         as 0 with FFMA.SAT ExpCast: the A/B of the softmax change alone
 //   7 pingpong-g4-sati   as 5, the scores converted by IADD + FADD instead of I2FP (same
 //                        values; ExpCast and exp2): the A/B of the I2FP rate
+//   8 simple-sati        as 6 without I2FP: two-level, the emulation's numerics
 // (SAT changes only ExpCast: with exp2 the "-sat" variants run the same code as without.)
-constexpr int N_VARIANTS = 8;
+constexpr int N_VARIANTS = 9;
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {
     "simple", "pingpong", "pingpong-2lvl", "simple-direct", "pingpong-2lvl-sat",
-    "pingpong-g4-sat", "simple-sat", "pingpong-g4-sati"};
+    "pingpong-g4-sat", "simple-sat", "pingpong-g4-sati", "simple-sati"};
 constexpr int GROUP_G4 = 4;
 constexpr int STAGES_ALL = 3;
 
@@ -1140,6 +1141,9 @@ const char* forward(const ForwardArgs& a) {
     case 7:
       return Family<true, false, true, GROUP_G4, true>::launch(a.expcast, vsmooth, maps, prm,
                                                                grid, stream);
+    case 8:
+      return Family<false, true, true, 0, true>::launch(a.expcast, vsmooth, maps, prm, grid,
+                                                        stream);
     default: return Family<false, false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
   }
 }
@@ -1155,6 +1159,7 @@ const char* describe() {
   Family<true, false, true, GROUP_G4>::describe(text, sizeof(text), VARIANT_NAMES[5]);
   Family<false, true, true>::describe(text, sizeof(text), VARIANT_NAMES[6]);
   Family<true, false, true, GROUP_G4, true>::describe(text, sizeof(text), VARIANT_NAMES[7]);
+  Family<false, true, true, 0, true>::describe(text, sizeof(text), VARIANT_NAMES[8]);
   return text;
 }
 
