@@ -10,7 +10,7 @@ from vcbench.cli import main
 from vcbench.errors import UserError
 from vcbench.pipelines import toyvideo, toywan
 from vcbench.pipelines.check_tiny import check_clip, check_model, write_strip
-from vcbench.pipelines.train_tiny import on_shape, train
+from vcbench.pipelines.train_tiny import centroids, motion_loss, on_shape, train
 
 
 def uint8(clip: np.ndarray) -> np.ndarray:
@@ -215,7 +215,9 @@ def test_x_prediction_returns_the_velocity_of_its_clean_estimate():
 
 
 def test_full_size_weights_fit_in_two_megabytes():
-    pipe, text = toywan.build_pipeline(dict(transformer=toywan.transformer_config(), vae={}, shift=3.0))
+    pipe, text = toywan.build_pipeline(dict(transformer=toywan.transformer_config(), vae={}, shift=3.0,
+                                            positions=True))
+    assert isinstance(pipe.transformer.patch_embedding, toywan.PositionedPatchEmbedding)
     size = sum(v.numel() * 2 for v in toywan.state_dict(pipe.transformer, text).values())
     assert size <= 2_000_000
 
@@ -229,3 +231,61 @@ def test_cli_bad_input_is_one_error_line(tmp_path, capsys):
         main(["train-tiny", "--out", str(tmp_path / "t"), "--steps", "0"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith("error: ") and "\n" not in err
+
+
+def test_centroids_are_fractions_of_the_side():
+    w = torch.zeros(1, 2, 8, 8)
+    w[0, 0, 1, 2] = 1  # row 1, column 2
+    w[0, 1, 5:7, 6] = 2
+    c = centroids(w, eps=0.0)
+    torch.testing.assert_close(c[0, 0], torch.tensor([2.5 / 8, 1.5 / 8]))
+    torch.testing.assert_close(c[0, 1], torch.tensor([6.5 / 8, 6.0 / 8]))
+
+
+def test_motion_loss_is_small_on_the_clip_and_large_on_the_clip_played_backwards():
+    vae = toywan.PatchifyVAE()
+    rows, _ = toyvideo.ToyVideo(3).draw(0, 4)
+    rows = torch.from_numpy(rows)
+    clips, mask = toyvideo.render_batch(rows)
+    x0 = (vae.encode(clips.permute(0, 4, 1, 2, 3) * 2 - 1) - toywan.PIXEL_MEAN) / toywan.PIXEL_STD
+    colour = torch.tensor(list(toyvideo.COLOURS.values()))[rows[:, 0].long()]
+    true = centroids(mask.float(), eps=0.0)
+    here = motion_loss(vae, x0, colour, true)
+    backwards = vae.encode(clips.flip(1).permute(0, 4, 1, 2, 3) * 2 - 1)
+    there = motion_loss(vae, (backwards - toywan.PIXEL_MEAN) / toywan.PIXEL_STD, colour, true)
+    assert here.max() < 1e-4  # clips travel 0.38-0.50 of the side
+    assert there.min() > 0.01
+    x0.requires_grad_(True)
+    motion_loss(vae, x0 + 0.3 * torch.randn_like(x0), colour, true).sum().backward()
+    assert x0.grad.abs().sum() > 0
+
+
+def test_train_fine_tunes_from_weights_and_compiles_only_when_asked(tmp_path):
+    first = train(tmp_path / "a", steps=2, batch=2, layers=1, log_every=1, check=False, positions=False)
+    assert first["training"]["compile"] is False  # the default on CPU
+    assert first["training"]["motion_weight"] > 0
+    again = train(tmp_path / "b", steps=2, batch=2, layers=1, log_every=1, check=False,
+                  init=tmp_path / "a" / "toywan.safetensors", motion_weight=0.0)
+    assert again["training"]["init"].endswith("toywan.safetensors")
+    # The positions a RoPE-only model lacks start at zero; the rest is the model it started from.
+    config, tensors = toywan.read(tmp_path / "b" / "toywan.safetensors")
+    assert config["positions"] and "transformer.patch_embedding.pos_t" in tensors
+    assert "motion" in (tmp_path / "b" / "loss.csv").read_text().splitlines()[0]
+    with pytest.raises(UserError):
+        train(tmp_path / "c", steps=1, batch=2, layers=2, check=False,
+              init=tmp_path / "a" / "toywan.safetensors")
+
+
+def test_position_term_starts_at_zero_and_tells_frames_apart():
+    conv = torch.nn.Conv3d(4, 8, (1, 2, 2), stride=(1, 2, 2))
+    pos = toywan.PositionedPatchEmbedding.wrap(conv)
+    assert {"weight", "bias"} <= set(pos.state_dict())  # Wan's names: weights load either way
+    x = torch.randn(1, 4, 3, 4, 4)
+    torch.testing.assert_close(pos(x), conv(x))
+    with torch.no_grad():
+        pos.pos_t[:, 1] = 1.0
+    same = torch.zeros(1, 4, 3, 4, 4)  # every frame alike: only the position term differs
+    y = pos(same)
+    assert torch.equal(y[:, :, 0], y[:, :, 2]) and not torch.equal(y[:, :, 0], y[:, :, 1])
+    with pytest.raises(UserError):
+        pos(torch.randn(1, 4, 9, 4, 4))

@@ -325,12 +325,18 @@ def train_tiny(
     max_seconds: float = typer.Option(None, "--max-seconds", help="Stop (and anneal) by this time."),
     workers: int = typer.Option(0, "--workers", help="DataLoader workers rendering clips."),
     check: bool = typer.Option(True, "--check/--no-check", help="Run the caption check at the end."),
+    motion_weight: float = typer.Option(None, "--motion-weight",
+                                        help="Weight of the named colour's per-frame centroid loss (0: off)."),
+    init: Path = typer.Option(None, "--init", help="Start from these ToyWan weights (fine-tune)."),
+    compile: bool = typer.Option(None, "--compile/--no-compile",
+                                 help="torch.compile the transformer (default: on CUDA only)."),
 ) -> None:
     """Train the tiny Wan on ToyVideo (flow matching) and write weights + model card."""
-    from vcbench.pipelines.train_tiny import train
+    from vcbench.pipelines.train_tiny import MOTION_WEIGHT, train
 
     train(out, steps, batch, lr, seed, data_seed, device, layers, max_seconds=max_seconds,
-          workers=workers, check=check)
+          workers=workers, check=check, compile=compile, init=init,
+          motion_weight=MOTION_WEIGHT if motion_weight is None else motion_weight)
     console.print(f"weights and card in {out}")
 
 

@@ -122,6 +122,44 @@ def _xpred_class():
 XPredWanTransformer = _xpred_class()
 
 
+class PositionedPatchEmbedding(nn.Conv3d):
+    """Wan's patch embedding (the same Conv3d, same state-dict names) plus a learned absolute
+    position term, factorised over (frame, row, column): pos_t[:, t] + pos_h[:, h] + pos_w[:, w].
+
+    Wan's transformer knows positions only through RoPE, i.e. relative ones. Real Wan latents
+    carry absolute cues from its VAE's zero-padded convolutions; the patchify VAE carries none,
+    so from pure noise (sigma 1, where the sampler starts) every token of the toy model looked
+    alike and its x_0 estimate could not put the shape earlier on the left and later on the
+    right: run 4 learned colour, but its estimates moved the same with the caption's direction
+    word swapped (benchmarks/toywan_direction.py). Zero at init. 128 x (8 + 16 + 16) values."""
+
+    MAX = (8, 16, 16)
+
+    @classmethod
+    def wrap(cls, conv: nn.Conv3d) -> PositionedPatchEmbedding:
+        new = cls(conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride)
+        new.load_state_dict(conv.state_dict(), strict=False)
+        return new
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        c = self.out_channels
+        self.pos_t, self.pos_h, self.pos_w = (nn.Parameter(torch.zeros(c, n)) for n in self.MAX)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        _, c, t, h, w = y.shape
+        if t > self.MAX[0] or h > self.MAX[1] or w > self.MAX[2]:
+            raise UserError(f"ToyWan positions cover {self.MAX} latent patches, got {(t, h, w)}")
+        pos = (self.pos_t[:, :t].view(c, t, 1, 1) + self.pos_h[:, :h].view(c, 1, h, 1)
+               + self.pos_w[:, :w].view(c, 1, 1, w))
+        return y + pos.to(y.dtype)
+
+
+def add_positions(transformer) -> None:
+    transformer.patch_embedding = PositionedPatchEmbedding.wrap(transformer.patch_embedding)
+
+
 class CaptionEmbedding(nn.Module):
     """Caption -> (1, L, TEXT_DIM): one learned row per (position, word); padding stays zero.
 
@@ -166,17 +204,27 @@ def read(path: Path = WEIGHTS) -> tuple[dict, dict[str, torch.Tensor]]:
         return json.loads(meta["config"]), {k: f.get_tensor(k) for k in f.keys()}
 
 
-def build_pipeline(config: dict, tensors: dict[str, torch.Tensor] | None = None):
-    """(WanPipeline, CaptionEmbedding) in float32; `tensors` None keeps the seeded init."""
+POSITION_KEYS = tuple(f"patch_embedding.pos_{a}" for a in "thw")
+
+
+def build_pipeline(config: dict, tensors: dict[str, torch.Tensor] | None = None,
+                   new_positions: bool = False):
+    """(WanPipeline, CaptionEmbedding) in float32; `tensors` None keeps the seeded init.
+    `new_positions`: tensors from a model without positions may leave those at zero (fine-tuning)."""
     from diffusers import WanPipeline, WanTransformer3DModel
 
     cls = XPredWanTransformer if config.get("prediction") == "x0" else WanTransformer3DModel
     transformer = cls(**config["transformer"])
+    if config.get("positions"):
+        add_positions(transformer)
     text = CaptionEmbedding()
     if tensors is not None:
         def part(prefix):
             return {k[len(prefix):]: v.float() for k, v in tensors.items() if k.startswith(prefix)}
-        transformer.load_state_dict(part("transformer."), strict=True)
+        missing, unexpected = transformer.load_state_dict(part("transformer."), strict=False)
+        allowed = set(POSITION_KEYS) if new_positions else set()
+        if unexpected or set(missing) - allowed:
+            raise UserError(f"weights do not fit the config: missing {missing}, unexpected {unexpected}")
         text.load_state_dict(part("text."), strict=True)
     vae = PatchifyVAE(**config["vae"])
     pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer,
