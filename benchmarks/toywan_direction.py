@@ -11,7 +11,11 @@ frame; the columns are means over the clips:
 - swapped: the same with the caption's direction word replaced by its opposite (left <-> right,
   up <-> down), measured along the original direction: travel - swapped is how much the model
   moves the shape because of the word;
-- err: mean |centroid - true centroid| over the frames, fraction of the side.
+- err: mean |centroid - true centroid| over the frames, fraction of the side;
+- word: mean |pixel difference| (RGB in [0, 1]) between the two estimates, true and swapped
+  caption: whether the direction word changes the estimate at all, thresholds aside;
+- lin: travel of a threshold-free centroid, the named colour's excess over the frame's mean
+  (relu of (rgb - frame mean) . colour), true caption; lin_sw the same, swapped.
 The check's sampler decides the trajectory at high sigma; an estimate that does not travel
 there gives samples that do not travel.
 """
@@ -61,12 +65,14 @@ def measure(path, n: int = 32, sigmas=(0.95, 0.8, 0.6, 0.4)) -> list[dict]:
     colour = torch.tensor(list(toyvideo.COLOURS.values()), dtype=torch.float32)[
         rows[:, toyvideo.PARAMS.index("colour")].long()]
     c_true = centroids(mask.float())
-    out = [dict(sigma=0.0, travel=float(travel(c_true, axis, sign).mean()), swapped=float("nan"), err=0.0)]
+    nan = float("nan")
+    out = [dict(sigma=0.0, travel=float(travel(c_true, axis, sign).mean()), swapped=nan, err=0.0,
+                word=nan, lin=nan, lin_sw=nan)]
     g = torch.Generator().manual_seed(1)
     noise = torch.randn(x0.shape, generator=g)
     for s in sigmas:
         xt = (1 - s) * x0 + s * noise
-        res = {}
+        res, est_rgb = {}, {}
         for name, cap in (("travel", ids), ("swapped", ids_swapped)):
             t = torch.full((n,), s * 1000)
             v = model(xt, timestep=t, encoder_hidden_states=text(cap), return_dict=False)[0]
@@ -76,8 +82,12 @@ def measure(path, n: int = 32, sigmas=(0.95, 0.8, 0.6, 0.4)) -> list[dict]:
             dist = (rgb - colour.view(n, 1, 1, 1, 3)).norm(dim=-1)
             c = centroids((1 - dist / 0.6).clamp(min=0))
             res[name] = float(travel(c, axis, sign).mean())
+            est_rgb[name] = rgb
+            excess = ((rgb - rgb.mean((2, 3), keepdim=True)) * colour.view(n, 1, 1, 1, 3)).sum(-1)
+            res["lin" if name == "travel" else "lin_sw"] = float(travel(centroids(excess.clamp(min=0)), axis, sign).mean())
             if name == "travel":
                 res["err"] = float((c - c_true).norm(dim=-1).mean())
+        res["word"] = float((est_rgb["travel"] - est_rgb["swapped"]).abs().mean())
         out.append(dict(sigma=s, **res))
     return out
 
@@ -91,9 +101,10 @@ def main() -> None:
     sigmas = [float(x) for x in a.sigmas.split(",")]
     for path in a.weights:
         print(path)
-        print("sigma  travel  swapped  err")
+        print("sigma  travel  swapped  err    word    lin     lin_sw")
         for r in measure(path, a.clips, sigmas):
-            print(f"{r['sigma']:.2f}  {r['travel']:+.3f}  {r['swapped']:+.3f}  {r['err']:.3f}", flush=True)
+            print(f"{r['sigma']:.2f}  {r['travel']:+.3f}  {r['swapped']:+.3f}  {r['err']:.3f}  "
+                  f"{r['word']:.4f}  {r['lin']:+.3f}  {r['lin_sw']:+.3f}", flush=True)
 
 
 if __name__ == "__main__":
