@@ -124,6 +124,7 @@ def test_by_default_the_compiled_kernel_runs_only_when_built_and_silently_otherw
     assert caught == []
     monkeypatch.setattr(compiled, "status", lambda: None)
     assert gpu.compiled_for(get_method("vc-8bit").plan())
+    assert not gpu.compiled_for(get_method("vc-8bit").plan(), head_dim=64)  # Triton takes D=64
     monkeypatch.setenv("VCBENCH_KERNEL", "triton")
     assert not gpu.compiled_for(get_method("vc-8bit").plan())
 

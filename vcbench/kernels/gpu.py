@@ -99,15 +99,16 @@ def _fallback_note(reason: str) -> None:
     warnings.warn(f"{KERNEL_ENV}=sm90: {reason}; running the Triton kernel", stacklevel=3)
 
 
-def compiled_for(plan: Plan) -> bool:
-    """Whether `plan` runs on the compiled sm_90a kernel: not refused, supported, built (the
-    tests of tests/test_gpu_compiled.py held it to the Triton kernel's tolerance rule)."""
+def compiled_for(plan: Plan, head_dim: int = 128) -> bool:
+    """Whether `plan` at this head dim runs on the compiled sm_90a kernel: not refused,
+    supported, built (tests/test_gpu_compiled.py holds it to the Triton kernel's tolerance
+    rule). A head dim it does not take (64) stays on Triton instead of failing."""
     preference = kernel_preference()
     if preference == "triton":
         return False
     from vcbench.kernels import compiled
 
-    if compiled.unsupported_reason(plan) is not None:
+    if compiled.unsupported_reason(plan, head_dim) is not None:
         return False
     reason = compiled.status()
     if reason is not None:
@@ -235,7 +236,7 @@ def kernel_switches(plan: Plan) -> dict:
 
 def run_prepared(ops: GpuOperands, plan: Plan, out: torch.Tensor, **tuning) -> torch.Tensor:
     """Triton switches in `tuning` pick the Triton kernel; `variant=` the compiled one."""
-    if "variant" in tuning or (not tuning and compiled_for(plan)):
+    if "variant" in tuning or (not tuning and compiled_for(plan, ops.q.shape[-1])):
         from vcbench.kernels import compiled
 
         return compiled.run(ops, plan, out, **tuning)
