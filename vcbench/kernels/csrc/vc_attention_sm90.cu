@@ -658,6 +658,20 @@ __global__ void __launch_bounds__(THREADS, 1)
         softmax_tile<EXPCAST, false, SAT, ITOF>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                      prm.log2_p_scale, BN, q);
     };
+    // How both ping-pong schedules open: warpgroup 1 lets warpgroup 0 go first; tile 0's QK is
+    // issued in this warpgroup's turn (QK only), the turn handed over, then its softmax.
+    auto pingpong_tile0 = [&](int my_turn, int their_turn) {
+      if (cw == 1) named_arrive(1, 256);
+      mbar_wait(full(0), 0);
+      named_sync(my_turn, 256);
+      wgmma_fence();
+      issue_qk(s, desc_q, desc_k(0));
+      wgmma_commit();
+      named_arrive(their_turn, 256);
+      wgmma_wait<0>();
+      reg_fence(s);
+      softmax(0);
+    };
     mbar_wait(bar_q, 0);
 
     if constexpr (GROUP > 0) {
@@ -677,16 +691,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int i = 0; i < 16; ++i) acc32[i * 128 * NC] = make_float4(0.f, 0.f, 0.f, 0.f);
       float amul[2] = {1.f, 1.f};
       const int my_turn = 1 + cw, their_turn = 2 - cw;
-      if (cw == 1) named_arrive(1, 256);
-      mbar_wait(full(0), 0);
-      named_sync(my_turn, 256);
-      wgmma_fence();
-      issue_qk(s, desc_q, desc_k(0));
-      wgmma_commit();
-      named_arrive(their_turn, 256);
-      wgmma_wait<0>();
-      reg_fence(s);
-      softmax(0);
+      pingpong_tile0(my_turn, their_turn);
       rescale<EXPCAST>(acc, l, alpha);
       amul[0] *= alpha[0];
       amul[1] *= alpha[1];
@@ -812,17 +817,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       // Within a warpgroup, QK_j and PV_{j-1} are issued together and tile j's softmax runs
       // while PV_{j-1} is on the tensor core; *_prev hold tile j-1's alpha, sums and max.
       const int my_turn = 1 + cw, their_turn = 2 - cw;
-      if (cw == 1) named_arrive(1, 256);
-      // tile 0: QK only
-      mbar_wait(full(0), 0);
-      named_sync(my_turn, 256);
-      wgmma_fence();
-      issue_qk(s, desc_q, desc_k(0));
-      wgmma_commit();
-      named_arrive(their_turn, 256);
-      wgmma_wait<0>();
-      reg_fence(s);
-      softmax(0);
+      pingpong_tile0(my_turn, their_turn);
       if constexpr (TWO_LEVEL) {
         // Both products of a turn complete, PV_{j-1} is merged into acc, and only then tile j's
         // softmax runs: S, the PV block, acc and P are never all live beside the softmax's
