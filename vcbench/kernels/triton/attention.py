@@ -186,7 +186,9 @@ def launch(ops, out, *, qk_int8: bool, q_rows: int, expcast: bool, p_scale: floa
            block_n: int = 128, num_warps: int = 8, num_stages: int = 3):
     """Run the kernel on prepared operands (`vcbench.kernels.gpu.GpuOperands`); out is
     (B, H, N, D) in the input's dtype, any strides with a unit last stride. The defaults are
-    the fastest measured on the H200 at the Wan2.2 shape (docs/perf.md, 2026-11-30)."""
+    the fastest measured on the H200 at the Wan2.2 shape (docs/perf.md, 2026-11-30), except
+    pv_two_level: it keeps the emulation's accumulation at long N and costs 13% for vc-8bit
+    (195.3 vs 172.5 ms), 3% for vc-8bit-vsmooth."""
     b, h, n_q_pad, d = ops.q.shape
     grid = (triton.cdiv(ops.n, block_m), b * h)
     _attention_fwd[grid](
