@@ -18,7 +18,8 @@ ping-pong analysis (docs/perf.md, "why ping-pong did not overlap"): "simple-sat"
 "pingpong-2lvl-sat" (ExpCast's clamp folded into FFMA.SAT, bit-identical codes),
 "pingpong-g4-sat" (the "pingpong" schedule, its wgmma block merged into an FP32 accumulator
 every 4 tiles), "pingpong-g4-sati" and "simple-sati" (as those, scores converted without
-I2FP); see VARIANTS' comment for the accumulation each uses.
+I2FP), "pingpong-2lvl-vs" (pingpong-2lvl-sat scheduled for V-Smooth); see VARIANTS' comment
+for the accumulation each uses.
 """
 
 from __future__ import annotations
@@ -47,10 +48,15 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # not counted as two-level (its tests may fail like the direct ones'; the round measures it).
 # "sati": as "sat", the s32 scores converted by an integer add and an FADD instead of I2FP (the
 # same values; ExpCast and exp2 both).
+# "pingpong-2lvl-vs": pingpong-2lvl-sat (pingpong-2lvl with exp2) with tile j's K scale loaded at
+# the top of iteration j (pinned; in pingpong-2lvl with V-Smooth ptxas left that load right
+# before its use, behind the flush branch) and V-Smooth's flush synchronized per warp instead of
+# per warpgroup (its data is warp-local): same numerics as pingpong-2lvl(-sat), two-level.
 VARIANTS = {"simple": 0, "pingpong": 1, "pingpong-2lvl": 2, "simple-direct": 3,
             "pingpong-2lvl-sat": 4, "pingpong-g4-sat": 5, "simple-sat": 6,
-            "pingpong-g4-sati": 7, "simple-sati": 8}
-TWO_LEVEL_VARIANTS = ("simple", "pingpong-2lvl", "pingpong-2lvl-sat", "simple-sat", "simple-sati")
+            "pingpong-g4-sati": 7, "simple-sati": 8, "pingpong-2lvl-vs": 9}
+TWO_LEVEL_VARIANTS = ("simple", "pingpong-2lvl", "pingpong-2lvl-sat", "simple-sat", "simple-sati",
+                      "pingpong-2lvl-vs")
 DEFAULT_VARIANT = "simple"
 
 

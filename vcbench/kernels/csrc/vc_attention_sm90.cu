@@ -193,6 +193,14 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
+// A read-only global f32 load that stays where it is written (volatile: not moved past the
+// barriers and wgmma fences around it), so its latency hides under what follows.
+__device__ __forceinline__ float ldg_pinned(const float* p) {
+  float v;
+  asm volatile("ld.global.nc.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -425,13 +433,19 @@ __device__ __forceinline__ void rescale(float (&acc)[NACC], float (&l)[2], const
 
 // V-Smooth: acc += sum over the batch's tiles t of f16(r_t 2^(m_t - m_ref)) f16(mu_t)^T, one
 // m16n8k16 per 8 output columns. rbuf: this warpgroup's [16 slots][64 rows] of (r, m).
-template <int NACC>
+// WARP_SYNC ("-vs" variant): the slots a thread reads (rows 16 warp + g, + 8) were written by
+// lane 4g of its own warp, so a __syncwarp orders them; the 128-thread named barrier
+// (the default, kept for the measured variants) also waits for the warpgroup's other warps.
+template <int NACC, bool WARP_SYNC = false>
 __device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbuf, uint32_t mbuf,
                                            const float (&m_ref)[2], int count, int cw, int warp,
                                            int lane) {
   const int q = lane & 3, g = lane >> 2;
   const int row = warp * 16 + g;
-  named_sync(3 + cw, 128);  // the (r, m) slots written by the q == 0 threads are visible
+  if constexpr (WARP_SYNC)
+    __syncwarp();
+  else
+    named_sync(3 + cw, 128);  // the (r, m) slots written by the q == 0 threads are visible
   uint32_t a[4];
 #pragma unroll
   for (int hk = 0; hk < 2; ++hk)
@@ -446,7 +460,10 @@ __device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbu
       }
       a[2 * hk + h] = f16x2(v[1], v[0]);
     }
-  named_sync(3 + cw, 128);  // every read done before the next batch writes slot 0
+  if constexpr (WARP_SYNC)
+    __syncwarp();
+  else
+    named_sync(3 + cw, 128);  // every read done before the next batch writes slot 0
   const int mi = lane >> 3, rr = lane & 7;
 #pragma unroll
   for (int nb2 = 0; nb2 < 8; ++nb2) {
@@ -487,7 +504,7 @@ __device__ __forceinline__ void merge_tile(float (&acc)[64], const float (&pv)[N
 // V-Smooth's bookkeeping once tile j's product is in the accumulator: (r_j, m_j) into this
 // warpgroup's slots (m_j: the max P_j was encoded against, which is also the max the
 // accumulator is referenced to right now), and the mean MMA when a batch of 16 is complete.
-template <int NACC>
+template <int NACC, bool WARP_SYNC = false>
 __device__ __forceinline__ void vsmooth_tile(float (&acc)[NACC], const float (&r)[2],
                                              const float (&m_j)[2], int j, int n_tiles,
                                              float2* rbuf, uint32_t mbuf_base, int cw, int warp,
@@ -500,7 +517,7 @@ __device__ __forceinline__ void vsmooth_tile(float (&acc)[NACC], const float (&r
   }
   if (t == MEAN_BATCH - 1 || j == n_tiles - 1) {
     const uint32_t mbuf = mbuf_base + ((j / MEAN_BATCH) & 1) * (MEAN_BATCH * D * 2);
-    mean_flush(acc, rbuf, mbuf, m_j, t + 1, cw, warp, lane);
+    mean_flush<NACC, WARP_SYNC>(acc, rbuf, mbuf, m_j, t + 1, cw, warp, lane);
   }
 }
 
@@ -509,7 +526,7 @@ __device__ __forceinline__ void vsmooth_tile(float (&acc)[NACC], const float (&r
 // acc, which (with l) was rescaled by alpha_j before it was issued. Two functions, each taking
 // acc once: acc passed twice (as acc and as pv), or captured by a lambda that also received it,
 // made ptxas serialize the ping-pong variant's wgmmas (C7511).
-template <bool EXPCAST, bool VSMOOTH, int NP>
+template <bool EXPCAST, bool VSMOOTH, int NP, bool WARP_SYNC = false>
 __device__ __forceinline__ void land_2l(float (&acc)[64], const float (&pv)[NP], float (&l)[2],
                                         const float (&a_j)[2], const float (&r_in)[2],
                                         const float (&m_j)[2], int j, int n_tiles, float2* rbuf,
@@ -517,7 +534,8 @@ __device__ __forceinline__ void land_2l(float (&acc)[64], const float (&pv)[NP],
   float r[2];
   tile_rowsum<EXPCAST>(pv, r_in, r);
   merge_tile(acc, pv, l, a_j, r);
-  if constexpr (VSMOOTH) vsmooth_tile(acc, r, m_j, j, n_tiles, rbuf, mbuf, cw, warp, lane);
+  if constexpr (VSMOOTH)
+    vsmooth_tile<64, WARP_SYNC>(acc, r, m_j, j, n_tiles, rbuf, mbuf, cw, warp, lane);
 }
 
 template <bool EXPCAST, bool VSMOOTH, int NA>
@@ -536,8 +554,12 @@ __device__ __forceinline__ void land_direct(float (&acc)[NA], float (&l)[2],
 // ------------------------------------------------------------------------------------------
 // The kernel
 // ------------------------------------------------------------------------------------------
+// VSX ("pingpong-2lvl-vs", pingpong two-level only): tile j's K scale loaded at the top of
+// iteration j by a pinned load (not in a conditional block after V-Smooth's flush branch, where
+// ptxas left it with its use right behind it: an exposed global-load latency every tile), and
+// the flush's two 128-thread barriers replaced by __syncwarp (its data is warp-local).
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES,
-          bool SAT = false, int GROUP = 0, bool ITOF = false>
+          bool SAT = false, int GROUP = 0, bool ITOF = false, bool VSX = false>
 __global__ void __launch_bounds__(THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
@@ -648,6 +670,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     auto desc_v = [&](int st) { return desc_sw128(s_stage + st * C::STAGE_BYTES + C::K_BYTES); };
     // K scales one tile ahead, so the load is in flight during the QK product.
     float ks_next = __ldg(k_scale);
+    // VSX: tile j's softmax with its K scale ks_j given (loaded early by the caller).
+    auto softmax_ks = [&](int j, float ks_j) {
+      const float c_scale = q_scale * ks_j;
+      if (j == masked)
+        softmax_tile<EXPCAST, true, SAT, ITOF>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+                                               prm.log2_p_scale, prm.n - j * BN, q);
+      else
+        softmax_tile<EXPCAST, false, SAT, ITOF>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+                                                prm.log2_p_scale, BN, q);
+    };
     auto softmax = [&](int j) {
       const float c_scale = q_scale * ks_next;
       if (j + 1 < n_tiles) ks_next = __ldg(k_scale + j + 1);
@@ -827,6 +859,8 @@ __global__ void __launch_bounds__(THREADS, 1)
               m_prev[2] = {m[0], m[1]};
         for (int j = 1; j < n_tiles; ++j) {
           const int st = j % STAGES, prev = (j - 1) % STAGES;
+          float ks_j = 0.f;
+          if constexpr (VSX) ks_j = ldg_pinned(k_scale + j);  // used after the products land
           mbar_wait(full(st), (j / STAGES) & 1);
           named_sync(my_turn, 256);
           float pv[C::NACC];
@@ -842,9 +876,12 @@ __global__ void __launch_bounds__(THREADS, 1)
           reg_fence(pv);
           reg_fence(p);
           mbar_arrive(empty(prev));
-          land_2l<EXPCAST, VSMOOTH>(acc, pv, l, a_prev, r_prev, m_prev, j - 1, n_tiles, rbuf,
-                                       s_mbuf, cw, warp, lane);
-          softmax(j);
+          land_2l<EXPCAST, VSMOOTH, C::NACC, VSX>(acc, pv, l, a_prev, r_prev, m_prev, j - 1,
+                                                  n_tiles, rbuf, s_mbuf, cw, warp, lane);
+          if constexpr (VSX)
+            softmax_ks(j, ks_j);
+          else
+            softmax(j);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             a_prev[h] = alpha[h];
@@ -865,8 +902,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         reg_fence(pv);
         reg_fence(p);
         mbar_arrive(empty(last % STAGES));
-        land_2l<EXPCAST, VSMOOTH>(acc, pv, l, a_prev, r_prev, m_prev, last, n_tiles, rbuf,
-                                     s_mbuf, cw, warp, lane);
+        land_2l<EXPCAST, VSMOOTH, C::NACC, VSX>(acc, pv, l, a_prev, r_prev, m_prev, last,
+                                                n_tiles, rbuf, s_mbuf, cw, warp, lane);
       } else {
         // QK_j and PV_{j-1} issued together; tile j's softmax runs while PV_{j-1} is on the
         // tensor core (acc busy: the rescale by alpha_j waits for it).
@@ -991,11 +1028,11 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
 }
 
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES, bool SAT = false,
-          int GROUP = 0, bool ITOF = false>
+          int GROUP = 0, bool ITOF = false, bool VSX = false>
 struct Variant {
   using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, GROUP ? 64 * 4 * 128 * NC : 0>;
   static constexpr auto kernel =
-      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, GROUP, ITOF>;
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, GROUP, ITOF, VSX>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
@@ -1033,18 +1070,21 @@ struct Variant {
 //   7 pingpong-g4-sati   as 5, the scores converted by IADD + FADD instead of I2FP (same
 //                        values; ExpCast and exp2): the A/B of the I2FP rate
 //   8 simple-sati        as 6 without I2FP: two-level, the emulation's numerics
+//   9 pingpong-2lvl-vs   as 4 (so 2 with exp2), tile j's K scale loaded early (pinned) and
+//                        V-Smooth's flush synchronized per warp: same numerics as 2 and 4
 // (SAT changes only ExpCast: with exp2 the "-sat" variants run the same code as without.)
-constexpr int N_VARIANTS = 9;
+constexpr int N_VARIANTS = 10;
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {
     "simple", "pingpong", "pingpong-2lvl", "simple-direct", "pingpong-2lvl-sat",
-    "pingpong-g4-sat", "simple-sat", "pingpong-g4-sati", "simple-sati"};
+    "pingpong-g4-sat", "simple-sat", "pingpong-g4-sati", "simple-sati", "pingpong-2lvl-vs"};
 constexpr int GROUP_G4 = 4;
 constexpr int STAGES_ALL = 3;
 
-template <bool PINGPONG, bool TWO_LEVEL, bool SAT = false, int GROUP = 0, bool ITOF = false>
+template <bool PINGPONG, bool TWO_LEVEL, bool SAT = false, int GROUP = 0, bool ITOF = false,
+          bool VSX = false>
 struct Family {
   template <bool E, bool V>
-  using Of = Variant<E, V, PINGPONG, TWO_LEVEL, STAGES_ALL, SAT, GROUP, ITOF>;
+  using Of = Variant<E, V, PINGPONG, TWO_LEVEL, STAGES_ALL, SAT, GROUP, ITOF, VSX>;
 
   static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
                             const Params& prm, dim3 grid, cudaStream_t stream) {
@@ -1139,6 +1179,9 @@ const char* forward(const ForwardArgs& a) {
     case 8:
       return Family<false, true, true, 0, true>::launch(a.expcast, vsmooth, maps, prm, grid,
                                                         stream);
+    case 9:
+      return Family<true, true, true, 0, false, true>::launch(a.expcast, vsmooth, maps, prm,
+                                                              grid, stream);
     default: return Family<false, false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
   }
 }
@@ -1155,6 +1198,7 @@ const char* describe() {
   Family<false, true, true>::describe(text, sizeof(text), VARIANT_NAMES[6]);
   Family<true, false, true, GROUP_G4, true>::describe(text, sizeof(text), VARIANT_NAMES[7]);
   Family<false, true, true, 0, true>::describe(text, sizeof(text), VARIANT_NAMES[8]);
+  Family<true, true, true, 0, false, true>::describe(text, sizeof(text), VARIANT_NAMES[9]);
   return text;
 }
 
