@@ -62,12 +62,13 @@ DEFAULT_VARIANT = "simple"
 
 def default_variant(plan) -> str:
     """The fastest two-level variant per kind of plan, measured on the H200 at the Wan2.2 shape
-    (docs/perf.md, 2026-11-30, second round): ExpCast (vc-8bit) simple-sat 130.8 ms vs simple
-    138.7 (the clamp folded into FFMA.SAT; bit-identical codes); exp2 without V-Smooth
-    (sage2-8bit) pingpong-2lvl 153.6 vs simple 158.8; exp2 with V-Smooth simple 159.9 vs
-    pingpong-2lvl 167.5 ("-sat" changes only ExpCast's path). The direct and g4 variants drift
-    from the emulation (accumulator truncation; const-V error 6e-3 to 2e-2), so they are never
-    a default."""
+    (docs/perf.md, session 13): ExpCast (vc-8bit) simple-sat 128.2 ms (simple 138.7 in the
+    round before: "-sat" folds the clamp into FFMA.SAT, bit-identical codes; pingpong-2lvl-vs
+    126.9 in the same run, but it has not been through tests/test_gpu_compiled.py on the
+    device yet, so it is not the default); exp2 without V-Smooth (sage2-8bit) pingpong-2lvl 150.6 vs simple
+    157.5; exp2 with V-Smooth simple 156.7 vs pingpong-2lvl-vs 163.9 and pingpong-2lvl 167.6.
+    The direct and g4 variants drift from the emulation (accumulator truncation; const-V error
+    6e-3 to 2e-2), so they are never a default."""
     from vcbench.kernels.probability import ExpCast
 
     if isinstance(plan.p, ExpCast):
