@@ -43,7 +43,7 @@ def _files(run: Path) -> dict[str, bytes]:
 
 def test_generate_writes_run_folder_and_resumes_after_kill(tmp_path):
     prompts = _prompts(tmp_path)
-    common = ["generate", "--model", "tiny-wan", "--methods", "bf16,vc-8bit", "--prompts", prompts,
+    common = ["generate", "--model", "tiny-wan-random", "--methods", "bf16,vc-8bit", "--prompts", prompts,
               "--seeds", "0", *SMALL]
     full = tmp_path / "full"
     done = _vcbench(*common, "--out", full)

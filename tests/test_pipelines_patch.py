@@ -15,7 +15,7 @@ SMALL = ClipSettings(steps=3, frames=5, height=128, width=128)  # 2x8x8 = 128 vi
 
 @pytest.fixture(scope="module")
 def tiny():
-    return load_model("tiny-wan", device="cpu")
+    return load_model("tiny-wan-random", device="cpu")
 
 
 def _attention_modules(pipe):
@@ -128,7 +128,7 @@ def test_capture_saves_post_rope_qkv_with_grid(tmp_path):
     from vcbench.pipelines.capture import run_capture
     from vcbench.tensors import load_tensors
 
-    written = run_capture("tiny-wan", None, "a fox", 0, [1], [0, 1], tmp_path,
+    written = run_capture("tiny-wan-random", None, "a fox", 0, [1], [0, 1], tmp_path,
                           {"steps": 2, "frames": 5, "height": 128, "width": 128}, "cpu")
     assert [p.name for p in written] == ["transformer.blocks.1.attn1.step000.safetensors",
                                          "transformer.blocks.1.attn1.step001.safetensors"]

@@ -238,7 +238,7 @@ def score(
 
 @app.command()
 def generate(
-    model: str = typer.Option("tiny-wan", "--model", help="tiny-wan (random weights, CPU), wan22-t2v-a14b, hunyuanvideo15, minimax-h3, longcat-video."),
+    model: str = typer.Option("tiny-wan", "--model", help="tiny-wan (trained ToyWan, CPU), tiny-wan-random, wan22-t2v-a14b, hunyuanvideo15, minimax-h3, longcat-video."),
     model_path: Path = typer.Option(None, "--model-path", help="Local diffusers folder of the model (nothing is downloaded)."),
     methods: str = typer.Option("bf16,vc-8bit", "--methods", help="Comma-separated attention methods (see `vcbench methods`)."),
     prompts: Path = typer.Option(None, "--prompts", help="Text (one prompt a line) or JSONL with id, prompt; default: the demo prompts."),
@@ -289,7 +289,7 @@ def _parse_seeds(text: str) -> list[int]:
 def capture(
     model: str = typer.Option("tiny-wan", "--model"),
     model_path: Path = typer.Option(None, "--model-path"),
-    prompt: str = typer.Option("A red fox trots through fresh snow at dawn.", "--prompt"),
+    prompt: str = typer.Option("a red disk drifting right over blue stripes", "--prompt"),
     seed: int = typer.Option(0, "--seed"),
     layers: str = typer.Option("0", "--layers", help="Comma-separated self-attention layer indices."),
     at_steps: str = typer.Option("0", "--at-steps", help="Comma-separated denoising steps to save."),
@@ -345,22 +345,26 @@ def check_tiny(
     weights: Path = typer.Option(None, "--weights", help="ToyWan safetensors (default: the packaged one)."),
     random: bool = typer.Option(False, "--random", help="The same config at a seeded random init."),
     device: str = typer.Option(None, "--device"),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 if trained weights pass under 70% of the captions."),
     json: Path = _JSON,
 ) -> None:
     """Caption check: named colour present and moving the named way, 20 held-out captions."""
-    import json as json_lib
-
     import pandas as pd
 
     from vcbench.display import print_table
     from vcbench.pipelines.check_tiny import check_weights
+    from vcbench.runs import write_json
 
     result = check_weights(weights, random, device)
     print_table(pd.DataFrame(result["clips"]), title="caption check")
     console.print(f"passed {result['score']:.2f} (colour {result['colour']:.2f}, direction "
                   f"{result['direction']:.2f}; required {result['required']:.2f} for trained weights)")
     if json is not None:
-        json.write_text(json_lib.dumps(result, indent=1))
+        write_json(json, result)
+    if strict and not random and result["score"] < result["required"]:
+        print(f"error: the caption check passed {result['score']:.2f} of the captions, under the "
+              f"{result['required']:.2f} required of trained weights", file=sys.stderr)
+        raise typer.Exit(1)
 
 
 # --- vcbench report ----------------------------------------------------------------------------

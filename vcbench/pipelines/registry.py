@@ -1,4 +1,6 @@
-"""Model names -> loaders. `tiny-wan` is built in; the others load a local diffusers folder.
+"""Model names -> loaders. `tiny-wan` (trained weights shipped in the package) and
+`tiny-wan-random` (a seeded random init, for tests) are built in; the others load a local
+diffusers folder.
 
 Every real model loads from `--model-path` with `local_files_only=True` (nothing is fetched),
 in bf16 on CUDA. The defaults are the paper's (appendix A); the CLI can override each.
@@ -26,6 +28,11 @@ class ModelEntry:
 
 
 def _tiny_wan(path, device, dtype):
+    from vcbench.pipelines.toywan import load_toywan
+    return load_toywan(device, dtype)
+
+
+def _tiny_wan_random(path, device, dtype):
     from vcbench.pipelines.tiny import load_tiny_wan
     return load_tiny_wan(device, dtype)
 
@@ -51,8 +58,10 @@ def _longcat(path, device, dtype):
 
 
 MODELS = {e.name: e for e in (
-    ModelEntry("tiny-wan", "WanPipeline, two random-weight experts, 768 tokens (CPU demo)", _tiny_wan,
-               needs_path=False),
+    ModelEntry("tiny-wan", "WanPipeline, one expert trained on ToyVideo (packaged, 1.9 MB), "
+               "320 tokens (CPU demo)", _tiny_wan, needs_path=False),
+    ModelEntry("tiny-wan-random", "WanPipeline, two random-weight experts, 768 tokens (tests)",
+               _tiny_wan_random, needs_path=False),
     ModelEntry("wan22-t2v-a14b", "Wan2.2-T2V-A14B, diffusers WanPipeline", _wan22),
     ModelEntry("hunyuanvideo15", "HunyuanVideo-1.5 T2V, diffusers HunyuanVideo15Pipeline", _hunyuan15),
     ModelEntry("minimax-h3", "MiniMax-H3, diffusers modular pipeline (+ 8-step LoRA)", _minimax_h3,

@@ -1,6 +1,6 @@
-"""Random-weight pipelines built from small configs: the embedded default and the test models.
+"""Random-weight pipelines built from small configs: `tiny-wan-random` and the test models.
 
-`tiny-wan` is diffusers' own `WanPipeline` (two experts, as Wan2.2-T2V-A14B) with a small
+`tiny-wan-random` is diffusers' own `WanPipeline` (two experts, as Wan2.2-T2V-A14B) with a small
 `WanTransformer3DModel` and `AutoencoderKLWan`, weights drawn from a fixed seed. Head dim is
 128 like the real model, so every method runs its real tile shapes; the default clip has
 3 latent frames of 16x16 patches = 768 video tokens. The text encoder is replaced by
@@ -86,5 +86,5 @@ def load_tiny_wan(device: torch.device, dtype: torch.dtype):
         pipe.to(dtype=dtype)
     # 12 steps: a 3-step grouping window (regroup at 0, reuse at 1-2, plain after).
     defaults = ClipSettings(steps=12, frames=9, height=256, width=256)
-    return LoadedModel("tiny-wan", pipe, defaults, call_wan, device, dtype, random_weights=True,
+    return LoadedModel("tiny-wan-random", pipe, defaults, call_wan, device, dtype, random_weights=True,
                        extra={"conditioning": ByteConditioning(TEXT_DIM)})

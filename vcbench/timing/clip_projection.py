@@ -107,11 +107,11 @@ WAN22_720P = ClipSpec(
 
 
 def tiny_spec() -> ClipSpec:
-    """The same code path at a size a CPU runs in seconds (tests): tiny-wan's configs."""
+    """The same code path at a size a CPU runs in seconds (tests): tiny-wan-random's configs."""
     from vcbench.pipelines.tiny import wan_transformer_config, wan_vae_config
 
     text = dict(UMT5_XXL, vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4)
-    return ClipSpec("tiny", "tiny-wan config", dict(wan_transformer_config(layers=2), text_dim=32), text,
+    return ClipSpec("tiny", "tiny-wan-random config", dict(wan_transformer_config(layers=2), text_dim=32), text,
                     wan_vae_config(), frames=5, height=64, width=64, text_tokens=8, steps=8)
 
 
