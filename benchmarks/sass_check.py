@@ -70,7 +70,7 @@ def main() -> int:
                  f"{' sat' if sat else ''}{f' g{group}' if group else ''}{' itof' if itof else ''}"
                  f"{' vsx' if vsx else ''}")
         if group:  # grouped two-level: direct schedule, merged every `group` tiles
-            label = label.replace(" direct", f" grouped")
+            label = label.replace(" direct", " grouped")
         print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
               f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
               f"{'ok' if not problems else '; '.join(problems)}")
