@@ -26,10 +26,10 @@ SAGE2_OFFICIAL_MS = 128.5  # ../shared/anchors/h200-attention.md, Wan2.2 shape, 
 # variants differ from their base only with ExpCast, so exp2 plans time the grouped one only)
 METHODS = {"sage2-8bit": ("simple", "pingpong-2lvl", "pingpong-g4-sat"),
            "vc-8bit-vsmooth": ("simple", "pingpong-2lvl", "pingpong-g4-sat", "pingpong-g4-sati",
-                               "simple-sati", "pingpong-2lvl-vs"),
+                               "simple-sati", "pingpong-2lvl-vs", "pingpong-2lvl-vs2"),
            "vc-8bit": ("simple", "simple-direct", "pingpong", "pingpong-2lvl", "simple-sat",
                        "pingpong-2lvl-sat", "pingpong-g4-sat", "pingpong-g4-sati",
-                       "simple-sati", "pingpong-2lvl-vs")}
+                       "simple-sati", "pingpong-2lvl-vs", "pingpong-2lvl-vs2")}
 SAMPLE_HEADS, SAMPLE_ROWS = (0, 1), 256
 
 

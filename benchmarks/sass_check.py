@@ -14,9 +14,9 @@ import subprocess
 import sys
 from collections import Counter
 
-# template <EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, GROUP, ITOF, VSX> as mangled
+# template <EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, GROUP, ITOF, VSX, VS2> as mangled
 INSTANCE = re.compile(r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELb(\d)ELi(\d+)E"
-                      r"(?:Lb(\d)ELi(\d+)E(?:Lb(\d)E)?(?:Lb(\d)E)?)?")
+                      r"(?:Lb(\d)ELi(\d+)E(?:Lb(\d)E)?(?:Lb(\d)E)?(?:Lb(\d)E)?)?")
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
@@ -40,7 +40,7 @@ def main() -> int:
         m = INSTANCE.search(name)
         if not m:
             continue
-        expcast, vsmooth, pingpong, two_level, stages, sat, group, itof, vsx = (
+        expcast, vsmooth, pingpong, two_level, stages, sat, group, itof, vsx, vs2 = (
             int(x) if x is not None else 0 for x in m.groups())
         base = Counter(op.split(".")[0] for op in ops)
         full = Counter(ops)
@@ -68,7 +68,7 @@ def main() -> int:
         label = (f"{'pingpong' if pingpong else 'simple'}{' 2lvl' if two_level else ' direct'} "
                  f"{'expcast' if expcast else 'exp2'}{' vsmooth' if vsmooth else ''} s{stages}"
                  f"{' sat' if sat else ''}{f' g{group}' if group else ''}{' itof' if itof else ''}"
-                 f"{' vsx' if vsx else ''}")
+                 f"{' vsx' if vsx else ''}{' vs2' if vs2 else ''}")
         if group:  # grouped two-level: direct schedule, merged every `group` tiles
             label = label.replace(" direct", " grouped")
         print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "

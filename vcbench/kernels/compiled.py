@@ -18,7 +18,8 @@ ping-pong analysis (docs/perf.md, "why ping-pong did not overlap"): "simple-sat"
 "pingpong-2lvl-sat" (ExpCast's clamp folded into FFMA.SAT, bit-identical codes),
 "pingpong-g4-sat" (the "pingpong" schedule, its wgmma block merged into an FP32 accumulator
 every 4 tiles), "pingpong-g4-sati" and "simple-sati" (as those, scores converted without
-I2FP), "pingpong-2lvl-vs" (pingpong-2lvl-sat scheduled for V-Smooth); see VARIANTS' comment
+I2FP), "pingpong-2lvl-vs" (pingpong-2lvl-sat scheduled for V-Smooth), "pingpong-2lvl-vs2"
+(V-Smooth's bookkeeping cut further); see VARIANTS' comment
 for the accumulation each uses.
 """
 
@@ -52,11 +53,17 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # the top of iteration j (pinned; in pingpong-2lvl with V-Smooth ptxas left that load right
 # before its use, behind the flush branch) and V-Smooth's flush synchronized per warp instead of
 # per warpgroup (its data is warp-local): same numerics as pingpong-2lvl(-sat), two-level.
+# "pingpong-2lvl-vs2": pingpong-2lvl-vs with V-Smooth's per-tile (r, m) stored as one float4 per
+# lane quad at an address from j alone (no flush branch after the merge; exp2: every lane stores,
+# no predicate), and with exp2 a complete batch's mean MMA issued after the next turn's wgmmas,
+# under their wait (ExpCast: after the batch's last merge, as before; its 68-register PV block
+# leaves no room there). The accumulator sees the same operations in the same order: the same
+# output bits as pingpong-2lvl-vs.
 VARIANTS = {"simple": 0, "pingpong": 1, "pingpong-2lvl": 2, "simple-direct": 3,
             "pingpong-2lvl-sat": 4, "pingpong-g4-sat": 5, "simple-sat": 6,
-            "pingpong-g4-sati": 7, "simple-sati": 8, "pingpong-2lvl-vs": 9}
+            "pingpong-g4-sati": 7, "simple-sati": 8, "pingpong-2lvl-vs": 9, "pingpong-2lvl-vs2": 10}
 TWO_LEVEL_VARIANTS = ("simple", "pingpong-2lvl", "pingpong-2lvl-sat", "simple-sat", "simple-sati",
-                      "pingpong-2lvl-vs")
+                      "pingpong-2lvl-vs", "pingpong-2lvl-vs2")
 DEFAULT_VARIANT = "simple"
 
 

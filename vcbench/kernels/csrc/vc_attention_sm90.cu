@@ -477,6 +477,56 @@ __device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbu
   }
 }
 
+// VS2 ("pingpong-2lvl-vs2"): V-Smooth's (r_t, m_t) as one float4 {r (row g), m (row g), r (row
+// g + 8), m (row g + 8)} per lane quad and tile slot: rb points at this thread's quad in slot 0
+// (the quads of both consumer warpgroups side by side, slots 64 float4 apart: rbuf's 16 KB). exp2: every lane of
+// the quad holds the same (r, m) (quad-reduced) and stores it, so each lane reads only what it
+// wrote itself; ExpCast: the q == 0 lane stores (only it holds column 128), hence __syncwarp.
+// FULL: a complete batch of 16, whose reference max is the one stored with its last tile
+// (slot 15: the max the accumulator was referenced to when that tile was merged), so the
+// caller keeps no copy of it. Same arithmetic as mean_flush: f16(r_t * ex2(m_t - m_ref)).
+template <bool FULL, int NACC>
+__device__ __forceinline__ void mean_flush4(float (&acc)[NACC], const float4* rb, uint32_t mbuf,
+                                            const float (&m_last)[2], int count, int lane) {
+  const int q = lane & 3;
+  __syncwarp();
+  float m_ref[2];
+  if constexpr (FULL) {
+    const float4 last = rb[(MEAN_BATCH - 1) * 64];
+    m_ref[0] = last.y;
+    m_ref[1] = last.w;
+  } else {
+    m_ref[0] = m_last[0];
+    m_ref[1] = m_last[1];
+  }
+  uint32_t a[4];
+#pragma unroll
+  for (int hk = 0; hk < 2; ++hk) {
+    float v[2][2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int t = 2 * q + 8 * hk + e;
+      const float4 rm = rb[t * 64];
+      v[0][e] = (FULL || t < count) ? rm.x * ex2(rm.y - m_ref[0]) : 0.f;
+      v[1][e] = (FULL || t < count) ? rm.z * ex2(rm.w - m_ref[1]) : 0.f;
+    }
+    a[2 * hk + 0] = f16x2(v[0][1], v[0][0]);
+    a[2 * hk + 1] = f16x2(v[1][1], v[1][0]);
+  }
+  __syncwarp();  // every read done before slot 0 is written again
+  const int mi = lane >> 3, rr = lane & 7;
+#pragma unroll
+  for (int nb2 = 0; nb2 < 8; ++nb2) {
+    const uint32_t addr = mbuf + (rr + 8 * (mi & 1)) * (D * 2) + (nb2 * 16 + 8 * (mi >> 1)) * 2;
+    uint32_t b0, b1, b2, b3;
+    ldmatrix_x4_trans(addr, b0, b1, b2, b3);
+    mma_f16_16816(acc[8 * nb2 + 0], acc[8 * nb2 + 1], acc[8 * nb2 + 2], acc[8 * nb2 + 3], a, b0,
+                  b1);
+    mma_f16_16816(acc[8 * nb2 + 4], acc[8 * nb2 + 5], acc[8 * nb2 + 6], acc[8 * nb2 + 7], a, b2,
+                  b3);
+  }
+}
+
 // Tile j's row sums r_j (ExpCast: column 128 of the PV accumulator, read by the q == 0 lanes
 // (the others read zero columns); exp2 path: the FP32 sums the softmax left in rsum).
 template <bool EXPCAST, int NACC>
@@ -559,7 +609,7 @@ __device__ __forceinline__ void land_direct(float (&acc)[NA], float (&l)[2],
 // ptxas left it with its use right behind it: an exposed global-load latency every tile), and
 // the flush's two 128-thread barriers replaced by __syncwarp (its data is warp-local).
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES,
-          bool SAT = false, int GROUP = 0, bool ITOF = false, bool VSX = false>
+          bool SAT = false, int GROUP = 0, bool ITOF = false, bool VSX = false, bool VS2 = false>
 __global__ void __launch_bounds__(THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
@@ -857,6 +907,96 @@ __global__ void __launch_bounds__(THREADS, 1)
         pack_p(p, s);
         float a_prev[2] = {alpha[0], alpha[1]}, r_prev[2] = {rsum[0], rsum[1]},
               m_prev[2] = {m[0], m[1]};
+        if constexpr (VS2) {
+          // As VSX, with V-Smooth's bookkeeping rearranged (same numerics): tile j-1's (r, m)
+          // stored as one float4 at a slot address computed from j alone (no flush branch after
+          // the merge), and a complete batch's mean MMA issued in the next turn, after this
+          // warpgroup's wgmmas and before their wait (acc is not a wgmma operand in the
+          // two-level schedule), so it runs in the shadow of its own QK and PV products. The
+          // accumulator sees the same FP32 operations in the same order: the flush of batch b
+          // lands after tile 16b + 15's merge and before tile 16b + 16's.
+          static_assert(!VSMOOTH || MEAN_BATCH == 16, "slot arithmetic below");
+          // quad index over both consumer warpgroups, cw * 32 + warp * 8 + g = threadIdx.x / 4
+          // - 32: cheap for ptxas to rematerialize at the store (it has no register to keep it)
+          float4* rb4 = reinterpret_cast<float4*>(smem + C::RBUF_OFF) + (threadIdx.x >> 2) - 32;
+          const bool rb_writer = !EXPCAST || q == 0;
+          constexpr bool SHADOW = !EXPCAST;
+          auto flush_pending = [&](int j) {  // in iteration j: batch of tiles j - 17 .. j - 2
+            if constexpr (VSMOOTH) {
+              if (j > MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 1)
+                mean_flush4<true>(acc, rb4,
+                                  s_mbuf + (((j - 2) >> 4) & 1) * (MEAN_BATCH * D * 2), m_prev,
+                                  MEAN_BATCH, lane);
+            }
+          };
+          // ExpCast: its 68-register PV block (the row-sum column) leaves no room for the flush
+          // beside the in-flight wgmmas (ptxas spilled 13 registers): it flushes after the merge
+          // of the batch's last tile, where pingpong-2lvl-vs does.
+          auto flush_landed = [&](int t) {
+            if constexpr (VSMOOTH) {
+              if ((t & (MEAN_BATCH - 1)) == MEAN_BATCH - 1)
+                mean_flush4<true>(acc, rb4, s_mbuf + ((t >> 4) & 1) * (MEAN_BATCH * D * 2),
+                                  m_prev, MEAN_BATCH, lane);
+            }
+          };
+          auto land_vs2 = [&](const float (&pvb)[C::NACC], int t) {
+            float r[2];
+            tile_rowsum<EXPCAST>(pvb, r_prev, r);
+            merge_tile(acc, pvb, l, a_prev, r);
+            if constexpr (VSMOOTH) {
+              if (rb_writer)
+                rb4[(t & (MEAN_BATCH - 1)) * 64] = make_float4(r[0], m_prev[0], r[1], m_prev[1]);
+            }
+          };
+          for (int j = 1; j < n_tiles; ++j) {
+            const int st = j % STAGES, prev = (j - 1) % STAGES;
+            mbar_wait(full(st), (j / STAGES) & 1);
+            named_sync(my_turn, 256);
+            float pv[C::NACC];
+            reg_fence(p);
+            wgmma_fence();
+            issue_qk(s, desc_q, desc_k(st));
+            wgmma_commit();
+            issue_pv<true>(pv, p, desc_v(prev));
+            wgmma_commit();
+            named_arrive(their_turn, 256);
+            if constexpr (SHADOW) flush_pending(j);
+            // after the flush (one register less beside it), still under the wgmma wait
+            const float ks_j = ldg_pinned(k_scale + j);
+            wgmma_wait<0>();
+            reg_fence(s);
+            reg_fence(pv);
+            reg_fence(p);
+            mbar_arrive(empty(prev));
+            land_vs2(pv, j - 1);
+            if constexpr (!SHADOW) flush_landed(j - 1);
+            softmax_ks(j, ks_j);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              a_prev[h] = alpha[h];
+              r_prev[h] = rsum[h];
+              m_prev[h] = m[h];
+            }
+            pack_p(p, s);
+          }
+          const int last = n_tiles - 1;
+          named_sync(my_turn, 256);
+          float pv[C::NACC];
+          reg_fence(p);
+          wgmma_fence();
+          issue_pv<true>(pv, p, desc_v(last % STAGES));
+          wgmma_commit();
+          if (cw == 0) named_arrive(their_turn, 256);
+          if constexpr (SHADOW) flush_pending(last + 1);  // the batch that ended with tile last - 1
+          wgmma_wait<0>();
+          reg_fence(pv);
+          reg_fence(p);
+          mbar_arrive(empty(last % STAGES));
+          land_vs2(pv, last);
+          if constexpr (VSMOOTH)
+            mean_flush4<false>(acc, rb4, s_mbuf + ((last >> 4) & 1) * (MEAN_BATCH * D * 2),
+                               m_prev, (last & (MEAN_BATCH - 1)) + 1, lane);
+        } else {
         for (int j = 1; j < n_tiles; ++j) {
           const int st = j % STAGES, prev = (j - 1) % STAGES;
           float ks_j = 0.f;
@@ -904,6 +1044,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_arrive(empty(last % STAGES));
         land_2l<EXPCAST, VSMOOTH, C::NACC, VSX>(acc, pv, l, a_prev, r_prev, m_prev, last,
                                                 n_tiles, rbuf, s_mbuf, cw, warp, lane);
+        }  // VS2
       } else {
         // QK_j and PV_{j-1} issued together; tile j's softmax runs while PV_{j-1} is on the
         // tensor core (acc busy: the rescale by alpha_j waits for it).
@@ -1028,11 +1169,12 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
 }
 
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES, bool SAT = false,
-          int GROUP = 0, bool ITOF = false, bool VSX = false>
+          int GROUP = 0, bool ITOF = false, bool VSX = false, bool VS2 = false>
 struct Variant {
   using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, GROUP ? 64 * 4 * 128 * NC : 0>;
   static constexpr auto kernel =
-      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, GROUP, ITOF, VSX>;
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, GROUP, ITOF, VSX,
+                          VS2>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
@@ -1072,19 +1214,23 @@ struct Variant {
 //   8 simple-sati        as 6 without I2FP: two-level, the emulation's numerics
 //   9 pingpong-2lvl-vs   as 4 (so 2 with exp2), tile j's K scale loaded early (pinned) and
 //                        V-Smooth's flush synchronized per warp: same numerics as 2 and 4
+//  10 pingpong-2lvl-vs2  as 9, V-Smooth's (r, m) stored as one float4 per lane quad at an
+//                        address from j alone, and a complete batch's mean MMA issued after
+//                        the next turn's wgmmas, under their wait: same numerics as 9
 // (SAT changes only ExpCast: with exp2 the "-sat" variants run the same code as without.)
-constexpr int N_VARIANTS = 10;
+constexpr int N_VARIANTS = 11;
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {
     "simple", "pingpong", "pingpong-2lvl", "simple-direct", "pingpong-2lvl-sat",
-    "pingpong-g4-sat", "simple-sat", "pingpong-g4-sati", "simple-sati", "pingpong-2lvl-vs"};
+    "pingpong-g4-sat", "simple-sat", "pingpong-g4-sati", "simple-sati", "pingpong-2lvl-vs",
+    "pingpong-2lvl-vs2"};
 constexpr int GROUP_G4 = 4;
 constexpr int STAGES_ALL = 3;
 
 template <bool PINGPONG, bool TWO_LEVEL, bool SAT = false, int GROUP = 0, bool ITOF = false,
-          bool VSX = false>
+          bool VSX = false, bool VS2 = false>
 struct Family {
   template <bool E, bool V>
-  using Of = Variant<E, V, PINGPONG, TWO_LEVEL, STAGES_ALL, SAT, GROUP, ITOF, VSX>;
+  using Of = Variant<E, V, PINGPONG, TWO_LEVEL, STAGES_ALL, SAT, GROUP, ITOF, VSX, VS2>;
 
   static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
                             const Params& prm, dim3 grid, cudaStream_t stream) {
@@ -1182,6 +1328,9 @@ const char* forward(const ForwardArgs& a) {
     case 9:
       return Family<true, true, true, 0, false, true>::launch(a.expcast, vsmooth, maps, prm,
                                                               grid, stream);
+    case 10:
+      return Family<true, true, true, 0, false, true, true>::launch(a.expcast, vsmooth, maps, prm,
+                                                                    grid, stream);
     default: return Family<false, false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
   }
 }
@@ -1199,6 +1348,7 @@ const char* describe() {
   Family<true, false, true, GROUP_G4, true>::describe(text, sizeof(text), VARIANT_NAMES[7]);
   Family<false, true, true, 0, true>::describe(text, sizeof(text), VARIANT_NAMES[8]);
   Family<true, true, true, 0, false, true>::describe(text, sizeof(text), VARIANT_NAMES[9]);
+  Family<true, true, true, 0, false, true, true>::describe(text, sizeof(text), VARIANT_NAMES[10]);
   return text;
 }
 
