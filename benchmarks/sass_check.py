@@ -14,9 +14,10 @@ import subprocess
 import sys
 from collections import Counter
 
-# template <EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, GROUP, ITOF, VSX, VS2> as mangled
+# template <EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, VSX, VS2> as mangled (all eight
+# arguments; a build of older sources, with other template parameters, matches no instance)
 INSTANCE = re.compile(r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELb(\d)ELi(\d+)E"
-                      r"(?:Lb(\d)ELi(\d+)E(?:Lb(\d)E)?(?:Lb(\d)E)?(?:Lb(\d)E)?)?")
+                      r"Lb(\d)ELb(\d)ELb(\d)EE")
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
@@ -34,14 +35,15 @@ def main() -> int:
     sass = subprocess.run([args.cuobjdump, "-sass", args.binary], check=True, capture_output=True,
                           text=True).stdout
     ok = True
+    instances = 0
     print(f"{'variant':38s} {'instr':>6s} {'IGMMA':>5s} {'QGMMA':>5s} {'DEPBAR':>6s} {'HMMA':>4s} "
           f"{'LDL/STL':>7s} {'MUFU.EX2':>8s} {'I2FP':>5s} {'I2F':>4s} {'FMNMX':>5s}  check")
     for name, ops in functions(sass):
         m = INSTANCE.search(name)
         if not m:
             continue
-        expcast, vsmooth, pingpong, two_level, stages, sat, group, itof, vsx, vs2 = (
-            int(x) if x is not None else 0 for x in m.groups())
+        instances += 1
+        expcast, vsmooth, pingpong, two_level, stages, sat, vsx, vs2 = (int(x) for x in m.groups())
         base = Counter(op.split(".")[0] for op in ops)
         full = Counter(ops)
         ex2 = sum(v for k, v in full.items() if k.startswith("MUFU.EX2"))
@@ -67,15 +69,15 @@ def main() -> int:
         ok &= not problems
         label = (f"{'pingpong' if pingpong else 'simple'}{' 2lvl' if two_level else ' direct'} "
                  f"{'expcast' if expcast else 'exp2'}{' vsmooth' if vsmooth else ''} s{stages}"
-                 f"{' sat' if sat else ''}{f' g{group}' if group else ''}{' itof' if itof else ''}"
-                 f"{' vsx' if vsx else ''}{' vs2' if vs2 else ''}")
-        if group:  # grouped two-level: direct schedule, merged every `group` tiles
-            label = label.replace(" direct", " grouped")
+                 f"{' sat' if sat else ''}{' vsx' if vsx else ''}{' vs2' if vs2 else ''}")
         print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
               f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
               f"{'ok' if not problems else '; '.join(problems)}")
     names = sorted({op for _, ops in functions(sass) for op in ops if "GMMA" in op})
     print("matrix instructions as printed:", ", ".join(names))
+    if not instances:
+        print("no kernel instance with the current template parameters found")
+        ok = False
     return 0 if ok else 1
 
 

@@ -16,11 +16,10 @@ turns on the tensor core, and within one the softmax of tile j overlaps PV of ti
 "pingpong-2lvl" (turns, no overlap within a warpgroup), "simple-direct", and since the
 ping-pong analysis (docs/perf.md, "why ping-pong did not overlap"): "simple-sat" and
 "pingpong-2lvl-sat" (ExpCast's clamp folded into FFMA.SAT, bit-identical codes),
-"pingpong-g4-sat" (the "pingpong" schedule, its wgmma block merged into an FP32 accumulator
-every 4 tiles), "pingpong-g4-sati" and "simple-sati" (as those, scores converted without
-I2FP), "pingpong-2lvl-vs" (pingpong-2lvl-sat scheduled for V-Smooth), "pingpong-2lvl-vs2"
-(V-Smooth's bookkeeping cut further); see VARIANTS' comment
-for the accumulation each uses.
+"pingpong-2lvl-vs" (pingpong-2lvl-sat scheduled for V-Smooth), "pingpong-2lvl-vs2"
+(V-Smooth's bookkeeping cut further); see VARIANTS' comment for the accumulation each uses.
+The grouped ("pingpong-g4-sat") and I2FP-free ("-sati") variants lost on the H200 and were
+removed (docs/perf.md, session 13).
 """
 
 from __future__ import annotations
@@ -44,11 +43,7 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # "direct": PV accumulated in the wgmma block across all tiles, whose 13-bit truncation of the
 # accumulator at every wgmma the emulation does not model. "simple" is two-level.
 # "-sat": ExpCast's max(t, 0) and magic add as FFMA.SAT + FFMA (same codes, one instruction less
-# per score; with exp2 the same code as without). "g4": grouped two-level, the wgmma block holds
-# 4 tiles' products (16 truncating wgmma adds) before an FP32 merge: between the two, so it is
-# not counted as two-level (its tests may fail like the direct ones'; the round measures it).
-# "sati": as "sat", the s32 scores converted by an integer add and an FADD instead of I2FP (the
-# same values; ExpCast and exp2 both).
+# per score; with exp2 the same code as without).
 # "pingpong-2lvl-vs": pingpong-2lvl-sat (pingpong-2lvl with exp2) with tile j's K scale loaded at
 # the top of iteration j (pinned; in pingpong-2lvl with V-Smooth ptxas left that load right
 # before its use, behind the flush branch) and V-Smooth's flush synchronized per warp instead of
@@ -60,9 +55,8 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # leaves no room there). The accumulator sees the same operations in the same order: the same
 # output bits as pingpong-2lvl-vs.
 VARIANTS = {"simple": 0, "pingpong": 1, "pingpong-2lvl": 2, "simple-direct": 3,
-            "pingpong-2lvl-sat": 4, "pingpong-g4-sat": 5, "simple-sat": 6,
-            "pingpong-g4-sati": 7, "simple-sati": 8, "pingpong-2lvl-vs": 9, "pingpong-2lvl-vs2": 10}
-TWO_LEVEL_VARIANTS = ("simple", "pingpong-2lvl", "pingpong-2lvl-sat", "simple-sat", "simple-sati",
+            "pingpong-2lvl-sat": 4, "simple-sat": 5, "pingpong-2lvl-vs": 6, "pingpong-2lvl-vs2": 7}
+TWO_LEVEL_VARIANTS = ("simple", "pingpong-2lvl", "pingpong-2lvl-sat", "simple-sat",
                       "pingpong-2lvl-vs", "pingpong-2lvl-vs2")
 DEFAULT_VARIANT = "simple"
 
@@ -74,7 +68,7 @@ def default_variant(plan) -> str:
     126.9 in the same run, but it has not been through tests/test_gpu_compiled.py on the
     device yet, so it is not the default); exp2 without V-Smooth (sage2-8bit) pingpong-2lvl 150.6 vs simple
     157.5; exp2 with V-Smooth simple 156.7 vs pingpong-2lvl-vs 163.9 and pingpong-2lvl 167.6.
-    The direct and g4 variants drift from the emulation (accumulator truncation; const-V error
+    The direct variants drift from the emulation (accumulator truncation; const-V error
     6e-3 to 2e-2), so they are never a default."""
     from vcbench.kernels.probability import ExpCast
 

@@ -96,30 +96,8 @@ __device__ __forceinline__ void wgmma_e4m3_rs_n{n}_first(float (&d)[{nacc}], uin
 """
 
 
-def e4m3_rs_pred(n):
-    """scale-d from a register: 0 overwrites D (the first k-step of a group of tiles in the
-    grouped two-level variant), 1 accumulates; D read-write either way."""
-    nacc = n // 2
-    outs = ",\n        ".join(", ".join(f'"+f"(d[{i}])' for i in range(j, min(j + 8, nacc)))
-                             for j in range(0, nacc, 8))
-    return f"""
-// D(f32, 64x{n}) (+)= A(e4m3, 64x32, registers) * B(e4m3, 32x{n}, shared memory): scale_d = 0
-// overwrites D, 1 accumulates.
-__device__ __forceinline__ void wgmma_e4m3_rs_n{n}_pred(float (&d)[{nacc}], uint32_t a0, uint32_t a1,
-                                                      uint32_t a2, uint32_t a3, uint64_t desc_b,
-                                                      int scale_d) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nacc + 5}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{regs(nacc)}}}, "
-      "{{%{nacc}, %{nacc + 1}, %{nacc + 2}, %{nacc + 3}}}, %{nacc + 4}, p, 1, 1;\\n}}\\n"
-      : {outs}
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(scale_d));
-}}
-"""
-
-
 def main():
-    text = HEADER + s8_ss_first(128) + s8_ss(128) + e4m3_rs(128) + e4m3_rs(136) + e4m3_rs_first(128) + e4m3_rs_first(136) + e4m3_rs_pred(128) + e4m3_rs_pred(136) + "\n}  // namespace vc\n"
+    text = HEADER + s8_ss_first(128) + s8_ss(128) + e4m3_rs(128) + e4m3_rs(136) + e4m3_rs_first(128) + e4m3_rs_first(136) + "\n}  // namespace vc\n"
     Path(__file__).with_name("wgmma_sm90.cuh").write_text(text)
 
 

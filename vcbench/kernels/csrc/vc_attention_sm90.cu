@@ -75,8 +75,7 @@ struct Params {
   float expcast_bias, log2_p_scale;
 };
 
-// EXTRA: bytes after the barriers (the grouped variant's FP32 accumulator, 16-byte aligned).
-template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, int EXTRA = 0>
+template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES>
 struct Config {
   static constexpr int PV_N = EXPCAST ? 136 : 128;  // + ones column (ExpCast's row sum)
   static constexpr int NACC = PV_N / 2;             // accumulator registers per thread
@@ -92,8 +91,7 @@ struct Config {
   static constexpr int RBUF_BYTES = VSMOOTH ? NC * MEAN_BATCH * 64 * 8 : 0;  // (r, m) per row
   static constexpr int BAR_OFF = RBUF_OFF + RBUF_BYTES;
   static constexpr int BAR_BYTES = (2 * STAGES + 1) * 8;
-  static constexpr int EXTRA_OFF = (BAR_OFF + BAR_BYTES + 15) / 16 * 16;
-  static constexpr int ALLOC = EXTRA_OFF + EXTRA + 1024;  // + slack to align the base
+  static constexpr int ALLOC = (BAR_OFF + BAR_BYTES + 15) / 16 * 16 + 1024;  // + base alignment
   static_assert(STAGE_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms");
   static_assert(STAGES >= 2 && STAGES < MEAN_BATCH, "mean buffers are reused every 2 batches");
 };
@@ -214,14 +212,6 @@ __device__ __forceinline__ float fma_sat(float a, float b, float c) {
   return d;
 }
 
-// An s32 score to f32 without I2FP: |s| <= 128 * 128 * 128 = 2^21 < 2^22, so the bits of
-// 1.5 * 2^23 + s are 0x4B400000 + s (an integer add) and subtracting 1.5 * 2^23 is exact: the same
-// value as the conversion, by an IADD and an FADD (the "-i" variants: the I2FP rate on sm_90 is
-// not documented; this is its A/B).
-__device__ __forceinline__ float s32_to_f32_add(uint32_t s) {
-  return __uint_as_float(s + 0x4B400000u) - 12582912.f;
-}
-
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -315,7 +305,7 @@ __device__ __forceinline__ void issue_pv(float (&acc)[NACC], const uint32_t (&p)
 // rounding, and t <= 120 + beta < 256 never reaches the upper clamp; t < 0 and NaN give 0),
 // and a second FFMA fma(t/256, 256, 1.5 * 2^23) is the magic add of the exact t: FFMA.SAT +
 // FFMA replace FFMA + FMNMX + FADD, one ALU-pipe instruction less per score.
-template <bool EXPCAST, bool MASK, bool SAT = false, bool ITOF = false>
+template <bool EXPCAST, bool MASK, bool SAT = false>
 __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], float (&alpha)[2],
                                              float (&rsum)[2], float c_scale, float expcast_bias,
                                              float log2_p_scale, int n_valid, int q) {
@@ -354,8 +344,7 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
           if constexpr (SAT) {
-            const float x = ITOF ? s32_to_f32_add(s[4 * c + 2 * h + b])
-                                 : static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b]));
+            const float x = static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b]));
             float t = fma_sat(x, c8 * 0.00390625f, bias[h] * 0.00390625f);
             if (MASK && key_of(c, q, b) >= n_valid) t = 0.f;
             u[b] = __float_as_uint(fmaf(t, 256.f, 12582912.f));  // low byte: rne(t)
@@ -379,9 +368,8 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
         float pf[2];
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
-          float x = fmaf(ITOF ? s32_to_f32_add(s[4 * c + 2 * h + b])
-                              : static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b])),
-                         c_scale, bias[h]);
+          float x = fmaf(static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b])), c_scale,
+                         bias[h]);
           if (MASK && key_of(c, q, b) >= n_valid) x = -INFINITY;
           pf[b] = ex2(x);
           rsum[h] += pf[b];
@@ -609,15 +597,13 @@ __device__ __forceinline__ void land_direct(float (&acc)[NA], float (&l)[2],
 // ptxas left it with its use right behind it: an exposed global-load latency every tile), and
 // the flush's two 128-thread barriers replaced by __syncwarp (its data is warp-local).
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES,
-          bool SAT = false, int GROUP = 0, bool ITOF = false, bool VSX = false, bool VS2 = false>
+          bool SAT = false, bool VSX = false, bool VS2 = false>
 __global__ void __launch_bounds__(THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
                         const __grid_constant__ CUtensorMap tm_k1,
                         const __grid_constant__ CUtensorMap tm_v, const Params prm) {
-  // The grouped variant keeps its FP32 accumulator in shared memory: 64 floats per consumer
-  // thread (64 KB), since in registers beside the wgmma block, S and P it made ptxas spill.
-  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, GROUP ? 64 * 4 * 128 * NC : 0>;
+  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -724,21 +710,21 @@ __global__ void __launch_bounds__(THREADS, 1)
     auto softmax_ks = [&](int j, float ks_j) {
       const float c_scale = q_scale * ks_j;
       if (j == masked)
-        softmax_tile<EXPCAST, true, SAT, ITOF>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
-                                               prm.log2_p_scale, prm.n - j * BN, q);
+        softmax_tile<EXPCAST, true, SAT>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+                                         prm.log2_p_scale, prm.n - j * BN, q);
       else
-        softmax_tile<EXPCAST, false, SAT, ITOF>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
-                                                prm.log2_p_scale, BN, q);
+        softmax_tile<EXPCAST, false, SAT>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+                                          prm.log2_p_scale, BN, q);
     };
     auto softmax = [&](int j) {
       const float c_scale = q_scale * ks_next;
       if (j + 1 < n_tiles) ks_next = __ldg(k_scale + j + 1);
       if (j == masked)
-        softmax_tile<EXPCAST, true, SAT, ITOF>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
-                                    prm.log2_p_scale, prm.n - j * BN, q);
+        softmax_tile<EXPCAST, true, SAT>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+                                         prm.log2_p_scale, prm.n - j * BN, q);
       else
-        softmax_tile<EXPCAST, false, SAT, ITOF>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
-                                     prm.log2_p_scale, BN, q);
+        softmax_tile<EXPCAST, false, SAT>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+                                          prm.log2_p_scale, BN, q);
     };
     // How both ping-pong schedules open: warpgroup 1 lets warpgroup 0 go first; tile 0's QK is
     // issued in this warpgroup's turn (QK only), the turn handed over, then its softmax.
@@ -756,105 +742,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     };
     mbar_wait(bar_q, 0);
 
-    if constexpr (GROUP > 0) {
-      static_assert(PINGPONG && !TWO_LEVEL && MEAN_BATCH % GROUP == 0, "grouped: see below");
-      // Grouped two-level accumulation on the direct ping-pong schedule ("pingpong-g4-sat"):
-      // acc is the wgmma block as in "pingpong", but it holds only GROUP tiles' products (the
-      // first PV of a group overwrites it, scale-d = 0); after the group's last tile it is
-      // added to the FP32 accumulator acc32 on the CUDA cores (acc32 = acc32 * A + acc, A the
-      // product of the alphas since the last merge). The FP8 wgmma truncates 4 x GROUP times
-      // per merge instead of 4 x n_tiles, and the merge costs 64 FFMA per GROUP tiles, not per
-      // tile as in the two-level variants. QK_j and PV_{j-1} are issued together and tile j's
-      // softmax overlaps PV_{j-1}, as in "pingpong".
-      // acc32: this thread's 64 floats as 16 float4, thread-major (conflict-free LDS/STS.128);
-      // only this thread touches them, so no barrier.
-      float4* acc32 = reinterpret_cast<float4*>(smem + C::EXTRA_OFF) + cw * 128 + tid;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) acc32[i * 128 * NC] = make_float4(0.f, 0.f, 0.f, 0.f);
-      float amul[2] = {1.f, 1.f};
-      const int my_turn = 1 + cw, their_turn = 2 - cw;
-      pingpong_tile0(my_turn, their_turn);
-      rescale<EXPCAST>(acc, l, alpha);
-      amul[0] *= alpha[0];
-      amul[1] *= alpha[1];
-      pack_p(p, s);
-      float rpend[2] = {rsum[0], rsum[1]};
-      auto issue_pv_grouped = [&](int st, int scale_d) {
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          if constexpr (C::NACC == 68)
-            wgmma_e4m3_rs_n136_pred(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                                    desc_v(st) + 2 * kk, kk == 0 ? scale_d : 1);
-          else
-            wgmma_e4m3_rs_n128_pred(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                                    desc_v(st) + 2 * kk, kk == 0 ? scale_d : 1);
-        }
-      };
-      for (int j = 1; j < n_tiles; ++j) {
-        const int st = j % STAGES, prev = (j - 1) % STAGES;
-        mbar_wait(full(st), (j / STAGES) & 1);
-        named_sync(my_turn, 256);
-        reg_fence(acc);
-        reg_fence(p);
-        wgmma_fence();
-        issue_qk(s, desc_q, desc_k(st));
-        wgmma_commit();
-        issue_pv_grouped(prev, (j - 1) % GROUP != 0);
-        wgmma_commit();
-        named_arrive(their_turn, 256);
-        wgmma_wait<1>();  // QK_j done; PV_{j-1} may still run
-        reg_fence(s);
-        const float m_prev[2] = {m[0], m[1]};
-        softmax(j);
-        wgmma_wait<0>();  // PV_{j-1} done
-        reg_fence(acc);
-        reg_fence(p);
-        mbar_arrive(empty(prev));
-        land_direct<EXPCAST, VSMOOTH>(acc, l, rpend, m_prev, j - 1, n_tiles, rbuf, s_mbuf, cw,
-                                      warp, lane);
-        if ((j - 1) % GROUP == GROUP - 1) {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) {
-            float4 v = acc32[i * 128 * NC];
-            v.x = fmaf(v.x, amul[0], acc[4 * i + 0]);
-            v.y = fmaf(v.y, amul[0], acc[4 * i + 1]);
-            v.z = fmaf(v.z, amul[1], acc[4 * i + 2]);
-            v.w = fmaf(v.w, amul[1], acc[4 * i + 3]);
-            acc32[i * 128 * NC] = v;
-          }
-          amul[0] = amul[1] = 1.f;
-        }
-        rpend[0] = rsum[0];
-        rpend[1] = rsum[1];
-        rescale<EXPCAST>(acc, l, alpha);
-        amul[0] *= alpha[0];
-        amul[1] *= alpha[1];
-        pack_p(p, s);
-      }
-      const int last = n_tiles - 1;
-      named_sync(my_turn, 256);
-      reg_fence(acc);
-      reg_fence(p);
-      wgmma_fence();
-      issue_pv_grouped(last % STAGES, last % GROUP != 0);
-      wgmma_commit();
-      if (cw == 0) named_arrive(their_turn, 256);
-      wgmma_wait<0>();
-      reg_fence(acc);
-      reg_fence(p);
-      mbar_arrive(empty(last % STAGES));
-      land_direct<EXPCAST, VSMOOTH>(acc, l, rpend, m, last, n_tiles, rbuf, s_mbuf, cw, warp,
-                                    lane);
-      // the last merge, into acc (what the epilogue reads)
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const float4 v = acc32[i * 128 * NC];
-        acc[4 * i + 0] = fmaf(v.x, amul[0], acc[4 * i + 0]);
-        acc[4 * i + 1] = fmaf(v.y, amul[0], acc[4 * i + 1]);
-        acc[4 * i + 2] = fmaf(v.z, amul[1], acc[4 * i + 2]);
-        acc[4 * i + 3] = fmaf(v.w, amul[1], acc[4 * i + 3]);
-      }
-    } else if constexpr (!PINGPONG) {
+    if constexpr (!PINGPONG) {
       for (int j = 0; j < n_tiles; ++j) {
         const int st = j % STAGES;
         mbar_wait(full(st), (j / STAGES) & 1);
@@ -1169,12 +1057,11 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
 }
 
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES, bool SAT = false,
-          int GROUP = 0, bool ITOF = false, bool VSX = false, bool VS2 = false>
+          bool VSX = false, bool VS2 = false>
 struct Variant {
-  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, GROUP ? 64 * 4 * 128 * NC : 0>;
+  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES>;
   static constexpr auto kernel =
-      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, GROUP, ITOF, VSX,
-                          VS2>;
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, VSX, VS2>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
@@ -1206,31 +1093,23 @@ struct Variant {
 //   2 pingpong-2lvl  ping-pong + in-warpgroup overlap, two-level accumulation
 //   3 simple-direct  as 0, PV accumulated in the wgmma block
 //   4 pingpong-2lvl-sat  as 2, ExpCast's clamp folded into FFMA.SAT (bit-identical codes)
-//   5 pingpong-g4-sat    as 1 (in-warpgroup overlap), the wgmma block merged into an FP32
-//                        accumulator every 4 tiles (grouped two-level), FFMA.SAT ExpCast
-//   6 simple-sat         as 0 with FFMA.SAT ExpCast: the A/B of the softmax change alone
-//   7 pingpong-g4-sati   as 5, the scores converted by IADD + FADD instead of I2FP (same
-//                        values; ExpCast and exp2): the A/B of the I2FP rate
-//   8 simple-sati        as 6 without I2FP: two-level, the emulation's numerics
-//   9 pingpong-2lvl-vs   as 4 (so 2 with exp2), tile j's K scale loaded early (pinned) and
+//   5 simple-sat         as 0 with FFMA.SAT ExpCast: the A/B of the softmax change alone
+//   6 pingpong-2lvl-vs   as 4 (so 2 with exp2), tile j's K scale loaded early (pinned) and
 //                        V-Smooth's flush synchronized per warp: same numerics as 2 and 4
-//  10 pingpong-2lvl-vs2  as 9, V-Smooth's (r, m) stored as one float4 per lane quad at an
+//   7 pingpong-2lvl-vs2  as 6, V-Smooth's (r, m) stored as one float4 per lane quad at an
 //                        address from j alone, and a complete batch's mean MMA issued after
-//                        the next turn's wgmmas, under their wait: same numerics as 9
+//                        the next turn's wgmmas, under their wait: same numerics as 6
 // (SAT changes only ExpCast: with exp2 the "-sat" variants run the same code as without.)
-constexpr int N_VARIANTS = 11;
+constexpr int N_VARIANTS = 8;
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {
-    "simple", "pingpong", "pingpong-2lvl", "simple-direct", "pingpong-2lvl-sat",
-    "pingpong-g4-sat", "simple-sat", "pingpong-g4-sati", "simple-sati", "pingpong-2lvl-vs",
-    "pingpong-2lvl-vs2"};
-constexpr int GROUP_G4 = 4;
+    "simple", "pingpong", "pingpong-2lvl", "simple-direct", "pingpong-2lvl-sat", "simple-sat",
+    "pingpong-2lvl-vs", "pingpong-2lvl-vs2"};
 constexpr int STAGES_ALL = 3;
 
-template <bool PINGPONG, bool TWO_LEVEL, bool SAT = false, int GROUP = 0, bool ITOF = false,
-          bool VSX = false, bool VS2 = false>
+template <bool PINGPONG, bool TWO_LEVEL, bool SAT = false, bool VSX = false, bool VS2 = false>
 struct Family {
   template <bool E, bool V>
-  using Of = Variant<E, V, PINGPONG, TWO_LEVEL, STAGES_ALL, SAT, GROUP, ITOF, VSX, VS2>;
+  using Of = Variant<E, V, PINGPONG, TWO_LEVEL, STAGES_ALL, SAT, VSX, VS2>;
 
   static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
                             const Params& prm, dim3 grid, cudaStream_t stream) {
@@ -1315,22 +1194,12 @@ const char* forward(const ForwardArgs& a) {
     case 4:
       return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 5:
-      return Family<true, false, true, GROUP_G4>::launch(a.expcast, vsmooth, maps, prm, grid,
-                                                         stream);
-    case 6:
       return Family<false, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    case 6:
+      return Family<true, true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 7:
-      return Family<true, false, true, GROUP_G4, true>::launch(a.expcast, vsmooth, maps, prm,
-                                                               grid, stream);
-    case 8:
-      return Family<false, true, true, 0, true>::launch(a.expcast, vsmooth, maps, prm, grid,
-                                                        stream);
-    case 9:
-      return Family<true, true, true, 0, false, true>::launch(a.expcast, vsmooth, maps, prm,
-                                                              grid, stream);
-    case 10:
-      return Family<true, true, true, 0, false, true, true>::launch(a.expcast, vsmooth, maps, prm,
-                                                                    grid, stream);
+      return Family<true, true, true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid,
+                                                          stream);
     default: return Family<false, false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
   }
 }
@@ -1343,12 +1212,9 @@ const char* describe() {
   Family<true, true>::describe(text, sizeof(text), VARIANT_NAMES[2]);
   Family<false, false>::describe(text, sizeof(text), VARIANT_NAMES[3]);
   Family<true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[4]);
-  Family<true, false, true, GROUP_G4>::describe(text, sizeof(text), VARIANT_NAMES[5]);
-  Family<false, true, true>::describe(text, sizeof(text), VARIANT_NAMES[6]);
-  Family<true, false, true, GROUP_G4, true>::describe(text, sizeof(text), VARIANT_NAMES[7]);
-  Family<false, true, true, 0, true>::describe(text, sizeof(text), VARIANT_NAMES[8]);
-  Family<true, true, true, 0, false, true>::describe(text, sizeof(text), VARIANT_NAMES[9]);
-  Family<true, true, true, 0, false, true, true>::describe(text, sizeof(text), VARIANT_NAMES[10]);
+  Family<false, true, true>::describe(text, sizeof(text), VARIANT_NAMES[5]);
+  Family<true, true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[6]);
+  Family<true, true, true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[7]);
   return text;
 }
 
