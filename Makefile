@@ -51,12 +51,12 @@ demo: setup
 	$(BIN)/vcbench generate $(TINY) --methods $(METHODS8) --out $(DEMO)/generate
 	$(BIN)/vcbench score $(DEMO)/generate --metrics psnr,ssim,lpips \
 	    --json $(DEMO)/generate/score.json --csv $(DEMO)/generate/score.csv
-	$(BIN)/vcbench check-tiny --strict --json $(DEMO)/check.json
+	$(BIN)/vcbench check-tiny --strict --out $(DEMO)/check
 	$(BIN)/vcbench analyze expcast --out $(DEMO)/expcast
 	$(BIN)/vcbench run experiments/demo-kernel-error.yaml
 	$(BIN)/vcbench run experiments/demo-token-order.yaml
 	$(BIN)/vcbench report $(DEMO)/generate $(DEMO)/expcast $(DEMO)/kernel-error \
-	    $(DEMO)/token-order --out $(DEMO)/report
+	    $(DEMO)/token-order $(DEMO)/check --out $(DEMO)/report
 
 # --- the paper's tables and figures (docs/report.md) -------------------------------------------
 .PHONY: table1 fig3 fig4 fig5 table2 table3 fig6

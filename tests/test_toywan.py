@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -336,3 +338,24 @@ def test_packaged_weights_follow_a_held_out_caption_and_its_direction_word(packa
     frames = packaged.generate(caption, 7, packaged.defaults)
     result = check_clip(frames, caption)
     assert result.colour_ok and result.direction_ok, result
+
+
+def test_check_run_folder_goes_into_the_report_and_strict_fails_untrained_weights(tmp_path, capsys):
+    from vcbench.report.assemble import build_report
+
+    train(tmp_path / "w", steps=1, batch=1, layers=1, log_every=1, check=False)
+    weights = tmp_path / "w" / "toywan.safetensors"
+    with pytest.raises(SystemExit) as e:
+        main(["check-tiny", "--weights", str(weights), "--strict", "--out", str(tmp_path / "check")])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.count("\n") == 1 and err.startswith("error: the caption check passed")
+    run = tmp_path / "check"
+    rows = (run / "check.csv").read_text().splitlines()
+    assert len(rows) == 21 and rows[0] == "caption,colour_ok,direction_ok,dx,dy,passed"
+    assert json.loads((run / "manifest.json").read_text())["status"] == "ok"
+    result = json.loads((run / "result.json").read_text())
+    report = build_report([run], tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Caption check" in md and f"Passed {result['score']:.2f} of 20 captions" in md
+    assert "**below the bar**" in md and (tmp_path / "report" / "caption_check_strip.png").is_file()
+    assert (tmp_path / "report" / "caption_check.csv") in report.files

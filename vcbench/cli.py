@@ -346,25 +346,39 @@ def check_tiny(
     random: bool = typer.Option(False, "--random", help="The same config at a seeded random init."),
     device: str = typer.Option(None, "--device"),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if trained weights pass under 70% of the captions."),
+    out: Path = typer.Option(None, "--out", help="Run folder: check.csv, result.json, strip.png (for `vcbench report`)."),
     json: Path = _JSON,
 ) -> None:
     """Caption check: named colour present and moving the named way, 20 held-out captions."""
     import pandas as pd
 
     from vcbench.display import print_table
-    from vcbench.pipelines.check_tiny import check_weights
-    from vcbench.runs import write_json
+    from vcbench.pipelines import toywan
+    from vcbench.pipelines.check_tiny import check_weights, write_strip
+    from vcbench.runs import RunFolder, write_json
 
-    result = check_weights(weights, random, device)
-    print_table(pd.DataFrame(result["clips"]), title="caption check")
+    config = {"model": "tiny-wan" if weights is None else f"toywan {weights.name}",
+              "weights": str(weights or toywan.WEIGHTS), "random": random,
+              "random_weights": random, "device": device}
+    clips: list = []
+    result = check_weights(weights, random, device, clips=clips)
+    table = pd.DataFrame(result["clips"])
+    print_table(table, title="caption check")
     console.print(f"passed {result['score']:.2f} (colour {result['colour']:.2f}, direction "
                   f"{result['direction']:.2f}; required {result['required']:.2f} for trained weights)")
     if json is not None:
         write_json(json, result)
+    if out is not None:  # made once the check has run: a failed check leaves no folder behind
+        run = RunFolder.create(out, "check-tiny", config)
+        run.table("check", table)
+        run.json("result.json", {k: v for k, v in result.items() if k != "clips"})
+        write_strip(run.path / "strip.png", clips)
+        run.finish()
+        console.print(f"results in {run.path}")
     if strict and not random and result["score"] < result["required"]:
         print(f"error: the caption check passed {result['score']:.2f} of the captions, under the "
               f"{result['required']:.2f} required of trained weights", file=sys.stderr)
-        raise typer.Exit(1)
+        sys.exit(1)
 
 
 # --- vcbench report ----------------------------------------------------------------------------

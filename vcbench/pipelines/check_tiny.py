@@ -85,13 +85,20 @@ def check_model(model, captions: list[str] | None = None, seed: int = 0,
 
 
 def write_strip(path, clips: list, every: int = 4, scale: int = 2) -> None:
-    """A PNG of clips, one row each, frames 0, every, 2 every, ... side by side."""
+    """A PNG of clips, one row each, frames 0, every, 2 every, ... side by side (written
+    atomically)."""
+    import io
+
     from PIL import Image
+
+    from vcbench.runs import atomic_write_bytes
 
     rows = [np.concatenate(list(frames[::every]), axis=1) for frames in clips]
     image = np.concatenate(rows, axis=0)
+    png = io.BytesIO()
     Image.fromarray(image).resize((image.shape[1] * scale, image.shape[0] * scale),
-                                  Image.NEAREST).save(path)
+                                  Image.NEAREST).save(png, format="PNG")
+    atomic_write_bytes(path, png.getvalue())
 
 
 def check_weights(path=None, random: bool = False, device: str | None = None,

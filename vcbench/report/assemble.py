@@ -21,7 +21,7 @@ import pandas as pd
 from vcbench.errors import UserError
 from vcbench.report import figures, tables
 from vcbench.report.load import GenerateRun, Runs, load_runs
-from vcbench.runs import atomic_write_text
+from vcbench.runs import atomic_write_bytes, atomic_write_text
 
 STRIP_FRAMES = 5  # appendix E cuts five frames per row
 PROJECTION_NOTE = (
@@ -129,6 +129,8 @@ def build_report(paths: list[Path], out: Path) -> Report:
             md += [f"## Frame strip: {model} (appendix E)", "",
                    "The same frame indices in every row; PSNR of this clip alone against its bf16 render.", ""]
             figure(strip, f"frame strip {model}")
+    for i, run in enumerate(runs.checks):
+        _check_section(run, out, md, csv, figure, suffix="" if i == 0 else f"_{i + 1}")
     kinds: list[str] = []
     for run in runs.analyses:  # a second run of one analysis gets _2, _3 ... on its files
         kinds.append(run.kind)
@@ -197,6 +199,26 @@ def _frame_strip(runs: list[GenerateRun], out: Path) -> Path | None:
 
 def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in text)
+
+
+def _check_section(run, out: Path, md: list[str], csv, figure, suffix: str) -> None:
+    """`vcbench check-tiny`: does the model draw what its captions say (issue 8's check)."""
+    r, table = run.result, run.tables["check"]
+    weights = "random init (baseline)" if run.config.get("random") else run.config.get("weights")
+    verdict = "" if run.config.get("random") else \
+        (" - passes" if r.get("score", 0) >= r.get("required", 1) else " - **below the bar**")
+    md += ["## Caption check: tiny-wan (held-out captions)", "",
+           f"Weights: {weights} (run `{run.path}`). Passed {r.get('score', float('nan')):.2f} of "
+           f"{r.get('n', len(table))} captions (named colour in the frame {r.get('colour', float('nan')):.2f}, "
+           f"moving the named way {r.get('direction', float('nan')):.2f}); trained weights need "
+           f"{r.get('required', float('nan')):.2f}{verdict}.", "",
+           tables.markdown(table, digits=3), ""]
+    csv(table, f"caption_check{suffix}")
+    strip = run.path / "strip.png"
+    if strip.is_file():
+        copy = out / f"caption_check_strip{suffix}.png"
+        atomic_write_bytes(copy, strip.read_bytes())
+        figure(copy, "one clip per held-out caption, frames 0, 4, 8, 12, 16")
 
 
 def _analysis_section(run, out: Path, md: list[str], csv, figure, suffix: str) -> None:

@@ -11,6 +11,8 @@ the manifest's `command`:
     analyze expcast        expcast.csv, byte_map.csv
     analyze kernel-error   kernel_error.csv
     analyze token-order    token_order.csv
+    check-tiny             check.csv (one row per held-out caption), result.json (the score),
+                           strip.png
 
 A fidelity row is identified by (model, method, variant): the variant names the method
 options and grouping schedule a run used, so the schedule ablation's three vc-8bit runs are
@@ -35,6 +37,7 @@ SCORE_FILE = "score.json"
 ANALYSES = {"analyze expcast": "expcast", "analyze kernel-error": "kernel_error",
             "analyze token-order": "token_order"}
 PROJECTION = "project-clip"
+CHECK = "check-tiny"
 # Settings that make two generate runs of one model comparable clip for clip.
 CLIP_SETTINGS = ("steps", "frames", "height", "width", "seeds", "prompts", "random_weights",
                  "model_path")
@@ -75,7 +78,7 @@ class TableRun(Run):
 
     @property
     def kind(self) -> str:
-        return {"timeit": "timeit", PROJECTION: "projection"}.get(self.command) \
+        return {"timeit": "timeit", PROJECTION: "projection", CHECK: "check"}.get(self.command) \
             or ANALYSES[self.command]
 
 
@@ -85,9 +88,10 @@ class Runs:
     timeit: list[TableRun] = field(default_factory=list)
     projections: list[TableRun] = field(default_factory=list)
     analyses: list[TableRun] = field(default_factory=list)
+    checks: list[TableRun] = field(default_factory=list)
 
     def all(self) -> list[Run]:
-        return [*self.generate, *self.timeit, *self.projections, *self.analyses]
+        return [*self.generate, *self.timeit, *self.projections, *self.analyses, *self.checks]
 
 
 def load_runs(paths: list[Path]) -> Runs:
@@ -113,9 +117,11 @@ def load_runs(paths: list[Path]) -> Runs:
         elif command in ANALYSES:
             names = ["expcast", "byte_map"] if command == "analyze expcast" else [ANALYSES[command]]
             runs.analyses.append(_table_run(path, manifest, names))
+        elif command == CHECK:
+            runs.checks.append(_table_run(path, manifest, ["check"]))
         else:
             raise UserError(f"{path}: report does not know runs of command {command!r} "
-                            f"(generate, timeit, {PROJECTION}, {', '.join(ANALYSES)})")
+                            f"(generate, timeit, {PROJECTION}, {', '.join(ANALYSES)}, {CHECK})")
     check_comparable(runs.generate)
     return runs
 
