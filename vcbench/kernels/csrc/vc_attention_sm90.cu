@@ -419,6 +419,25 @@ __device__ __forceinline__ void rescale(float (&acc)[NACC], float (&l)[2], const
   }
 }
 
+// acc += A B for the 16 mean rows: A (16 rows x 16 tiles, fp16, in mma.sync's A fragment a)
+// holds the tiles' weights, B (16 tiles x D, fp16) the means in shared memory at mbuf; one
+// m16n8k16 per 8 output columns.
+template <int NACC>
+__device__ __forceinline__ void mean_mma(float (&acc)[NACC], const uint32_t (&a)[4], uint32_t mbuf,
+                                         int lane) {
+  const int mi = lane >> 3, rr = lane & 7;
+#pragma unroll
+  for (int nb2 = 0; nb2 < 8; ++nb2) {
+    const uint32_t addr = mbuf + (rr + 8 * (mi & 1)) * (D * 2) + (nb2 * 16 + 8 * (mi >> 1)) * 2;
+    uint32_t b0, b1, b2, b3;
+    ldmatrix_x4_trans(addr, b0, b1, b2, b3);
+    mma_f16_16816(acc[8 * nb2 + 0], acc[8 * nb2 + 1], acc[8 * nb2 + 2], acc[8 * nb2 + 3], a, b0,
+                  b1);
+    mma_f16_16816(acc[8 * nb2 + 4], acc[8 * nb2 + 5], acc[8 * nb2 + 6], acc[8 * nb2 + 7], a, b2,
+                  b3);
+  }
+}
+
 // V-Smooth: acc += sum over the batch's tiles t of f16(r_t 2^(m_t - m_ref)) f16(mu_t)^T, one
 // m16n8k16 per 8 output columns. rbuf: this warpgroup's [16 slots][64 rows] of (r, m).
 // WARP_SYNC ("-vs" variant): the slots a thread reads (rows 16 warp + g, + 8) were written by
@@ -452,17 +471,7 @@ __device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbu
     __syncwarp();
   else
     named_sync(3 + cw, 128);  // every read done before the next batch writes slot 0
-  const int mi = lane >> 3, rr = lane & 7;
-#pragma unroll
-  for (int nb2 = 0; nb2 < 8; ++nb2) {
-    const uint32_t addr = mbuf + (rr + 8 * (mi & 1)) * (D * 2) + (nb2 * 16 + 8 * (mi >> 1)) * 2;
-    uint32_t b0, b1, b2, b3;
-    ldmatrix_x4_trans(addr, b0, b1, b2, b3);
-    mma_f16_16816(acc[8 * nb2 + 0], acc[8 * nb2 + 1], acc[8 * nb2 + 2], acc[8 * nb2 + 3], a, b0,
-                  b1);
-    mma_f16_16816(acc[8 * nb2 + 4], acc[8 * nb2 + 5], acc[8 * nb2 + 6], acc[8 * nb2 + 7], a, b2,
-                  b3);
-  }
+  mean_mma(acc, a, mbuf, lane);
 }
 
 // VS2 ("pingpong-2lvl-vs2"): V-Smooth's (r_t, m_t) as one float4 {r (row g), m (row g), r (row
@@ -502,17 +511,7 @@ __device__ __forceinline__ void mean_flush4(float (&acc)[NACC], const float4* rb
     a[2 * hk + 1] = f16x2(v[1][1], v[1][0]);
   }
   __syncwarp();  // every read done before slot 0 is written again
-  const int mi = lane >> 3, rr = lane & 7;
-#pragma unroll
-  for (int nb2 = 0; nb2 < 8; ++nb2) {
-    const uint32_t addr = mbuf + (rr + 8 * (mi & 1)) * (D * 2) + (nb2 * 16 + 8 * (mi >> 1)) * 2;
-    uint32_t b0, b1, b2, b3;
-    ldmatrix_x4_trans(addr, b0, b1, b2, b3);
-    mma_f16_16816(acc[8 * nb2 + 0], acc[8 * nb2 + 1], acc[8 * nb2 + 2], acc[8 * nb2 + 3], a, b0,
-                  b1);
-    mma_f16_16816(acc[8 * nb2 + 4], acc[8 * nb2 + 5], acc[8 * nb2 + 6], acc[8 * nb2 + 7], a, b2,
-                  b3);
-  }
+  mean_mma(acc, a, mbuf, lane);
 }
 
 // Tile j's row sums r_j (ExpCast: column 128 of the PV accumulator, read by the q == 0 lanes
