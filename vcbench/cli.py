@@ -346,7 +346,7 @@ def check_tiny(
     random: bool = typer.Option(False, "--random", help="The same config at a seeded random init."),
     device: str = typer.Option(None, "--device"),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if trained weights pass under 70% of the captions."),
-    out: Path = typer.Option(None, "--out", help="Run folder: check.csv, result.json, strip.png (for `vcbench report`)."),
+    out: Path = typer.Option(None, "--out", help="Run folder: check.csv, strip.png (for `vcbench report`)."),
     json: Path = _JSON,
 ) -> None:
     """Caption check: named colour present and moving the named way, 20 held-out captions."""
@@ -358,8 +358,7 @@ def check_tiny(
     from vcbench.runs import RunFolder, write_json
 
     config = {"model": "tiny-wan" if weights is None else f"toywan {weights.name}",
-              "weights": str(weights or toywan.WEIGHTS), "random": random,
-              "random_weights": random, "device": device}
+              "weights": str(weights or toywan.WEIGHTS), "random_weights": random, "device": device}
     clips: list = []
     result = check_weights(weights, random, device, clips=clips)
     table = pd.DataFrame(result["clips"])
@@ -371,7 +370,6 @@ def check_tiny(
     if out is not None:  # made once the check has run: a failed check leaves no folder behind
         run = RunFolder.create(out, "check-tiny", config)
         run.table("check", table)
-        run.json("result.json", {k: v for k, v in result.items() if k != "clips"})
         write_strip(run.path / "strip.png", clips)
         run.finish()
         console.print(f"results in {run.path}")

@@ -11,8 +11,8 @@ the manifest's `command`:
     analyze expcast        expcast.csv, byte_map.csv
     analyze kernel-error   kernel_error.csv
     analyze token-order    token_order.csv
-    check-tiny             check.csv (one row per held-out caption), result.json (the score),
-                           strip.png
+    check-tiny             check.csv (one row per held-out caption; the score is its share of
+                           passing rows), strip.png
 
 A fidelity row is identified by (model, method, variant): the variant names the method
 options and grouping schedule a run used, so the schedule ablation's three vc-8bit runs are
