@@ -225,10 +225,9 @@ def train(out: Path, steps: int = 6000, batch: int = 64, lr: float = 1e-3, seed:
             err = (pred.float() - target).square()
             loss = (weight * err).sum() / weight.sum()
             if motion_weight:
-                if prediction == "x0":
-                    x0_hat = xt - s.clamp(min=toywan.SIGMA_MIN).view(-1, 1, 1, 1, 1) * pred.float()
-                else:
-                    x0_hat = xt - s.view(-1, 1, 1, 1, 1) * pred.float()
+                # the sigma the velocity was formed with (x0 prediction clamps it, toywan.SIGMA_MIN)
+                sigma = s.clamp(min=toywan.SIGMA_MIN) if prediction == "x0" else s
+                x0_hat = xt - sigma.view(-1, 1, 1, 1, 1) * pred.float()
                 moved = motion_loss(vae, x0_hat, colour, true_centres).mean()
                 loss = loss + motion_weight * moved
         with phase("backward"):
