@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from vcbench.cli import main
 from vcbench.errors import UserError
 from vcbench.pipelines import toyvideo, toywan
 from vcbench.pipelines.check_tiny import check_clip, check_model, write_strip
-from vcbench.pipelines.train_tiny import centroids, motion_loss, on_shape, train
+from vcbench.pipelines.train_tiny import HIGH_NOISE_BAND, centroids, draw_sigmas, motion_loss, on_shape, train
 
 
 def uint8(clip: np.ndarray) -> np.ndarray:
@@ -309,6 +310,37 @@ def test_new_models_draw_their_position_term_and_fine_tunes_start_it_at_zero():
     tuned, _ = toywan.build_pipeline(config, tensors, new_positions=True)
     assert all(not p.any() for p in (tuned.transformer.patch_embedding.pos_t,
                                       tuned.transformer.patch_embedding.pos_h))
+
+
+def test_high_noise_share_lands_in_its_band_and_leaves_the_default_stream_alone():
+    shift = 3.0
+    g = torch.Generator().manual_seed(5)
+    plain = draw_sigmas(g, 20000, shift)
+    u = torch.rand(20000, generator=torch.Generator().manual_seed(5)).double()
+    assert torch.equal(plain, shift * u / (1 + (shift - 1) * u))  # the sampler's warped uniform
+    lo, hi = HIGH_NOISE_BAND
+    everything = draw_sigmas(torch.Generator().manual_seed(5), 20000, shift, high_noise=1.0)
+    assert everything.min() >= lo and everything.max() <= hi
+    assert abs(float(everything.mean()) - (lo + hi) / 2) < 0.001  # uniform in the band
+    quarter = draw_sigmas(torch.Generator().manual_seed(5), 20000, shift, high_noise=0.25)
+    in_band = lambda s: float(((s >= lo) & (s <= hi)).double().mean())  # noqa: E731
+    # a quarter redrawn into the band, the rest keeps the warped share already there
+    expected = 0.25 + 0.75 * in_band(plain)
+    assert abs(in_band(quarter) - expected) < 0.015
+    floored = draw_sigmas(torch.Generator().manual_seed(5), 100, shift, sigma_floor=0.9)
+    assert torch.allclose(floored, 0.9 + 0.1 * plain[:100])
+    with pytest.raises(UserError, match="high-noise"):
+        train(Path("/nonexistent/never-written"), steps=1, high_noise=1.5)
+
+
+def test_position_std_sets_a_new_model_s_position_term():
+    config = dict(transformer=toywan.transformer_config(layers=1), vae={}, shift=3.0,
+                  prediction="x0", positions=True)
+    torch.manual_seed(0)
+    pipe, _ = toywan.build_pipeline(config, position_std=0.6)
+    emb = pipe.transformer.patch_embedding
+    stds = [float(p.detach().std()) for p in (emb.pos_t, emb.pos_h, emb.pos_w)]
+    assert all(0.5 < s < 0.7 for s in stds), stds
 
 
 @pytest.fixture(scope="module")

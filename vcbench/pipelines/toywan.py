@@ -222,15 +222,16 @@ POSITION_KEYS = tuple(f"patch_embedding.pos_{a}" for a in "thw")
 
 
 def build_pipeline(config: dict, tensors: dict[str, torch.Tensor] | None = None,
-                   new_positions: bool = False):
-    """(WanPipeline, CaptionEmbedding) in float32; `tensors` None keeps the seeded init.
-    `new_positions`: tensors from a model without positions may leave those at zero (fine-tuning)."""
+                   new_positions: bool = False, position_std: float = POSITION_INIT_STD):
+    """(WanPipeline, CaptionEmbedding) in float32; `tensors` None keeps the seeded init (its
+    position term drawn with `position_std`). `new_positions`: tensors from a model without
+    positions may leave those at zero (fine-tuning)."""
     from diffusers import WanPipeline, WanTransformer3DModel
 
     cls = XPredWanTransformer if config.get("prediction") == "x0" else WanTransformer3DModel
     transformer = cls(**config["transformer"])
     if config.get("positions"):
-        add_positions(transformer, POSITION_INIT_STD if tensors is None else 0.0)
+        add_positions(transformer, position_std if tensors is None else 0.0)
     text = CaptionEmbedding()
     if tensors is not None:
         def part(prefix):

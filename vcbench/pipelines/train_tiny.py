@@ -57,6 +57,11 @@ SHAPE_SIGMA = (0.5, 0.8)  # the weight fades out over this range of noise levels
 # per-frame centroid of the named colour in the x_0 estimate. 0 turns it off.
 MOTION_WEIGHT = 30.0
 MOTION_COLOUR_RADIUS = 0.6  # RGB distance at which a pixel stops counting as the named colour
+# The direction word only matters near pure noise (below sigma ~0.97 the noisy clip already
+# shows the trajectory; docs/toywan/cpu-experiments.md), and the shifted-uniform sigma puts ~6%
+# of a batch at sigma >= 0.98. `high_noise` > 0 redraws that share of each batch uniformly
+# from this band, so more of the gradient carries the word.
+HIGH_NOISE_BAND = (0.97, 1.0)
 
 
 def centroids(weight: torch.Tensor, eps: float = 1.0) -> torch.Tensor:
@@ -110,14 +115,32 @@ def shape_gate(sigma: torch.Tensor) -> torch.Tensor:
     return ((hi - sigma) / (hi - lo)).clamp(0, 1)
 
 
+def draw_sigmas(g: torch.Generator, batch: int, shift: float, high_noise: float = 0.0,
+                sigma_floor: float = 0.0) -> torch.Tensor:
+    """Noise levels of one batch (float64, CPU): uniform u warped by the sampler's shift,
+    s = shift u / (1 + (shift - 1) u); with `high_noise` > 0 that share of the clips is redrawn
+    uniformly in HIGH_NOISE_BAND (two more draws from g, made only then, so a default run's
+    random stream is unchanged); `sigma_floor` maps [0, 1] onto [floor, 1] (experiments)."""
+    u = torch.rand(batch, generator=g).double()
+    s = shift * u / (1 + (shift - 1) * u)
+    if high_noise:
+        lo, hi = HIGH_NOISE_BAND
+        pick = torch.rand(batch, generator=g) < high_noise
+        s = torch.where(pick, lo + (hi - lo) * torch.rand(batch, generator=g).double(), s)
+    return sigma_floor + (1 - sigma_floor) * s
+
+
 def train(out: Path, steps: int = 6000, batch: int = 64, lr: float = 1e-3, seed: int = 0,
           data_seed: int = 0, device: str = "cpu", layers: int = 3, shift: float = 3.0,
           ema: float = 0.999, log_every: int = 100, max_seconds: float | None = None,
           workers: int = 0, check: bool = True, prediction: str = "x0",
           shape_weight: float = SHAPE_WEIGHT, compile: bool | None = None,
           motion_weight: float = MOTION_WEIGHT, init: Path | None = None,
-          positions: bool = True, sigma_floor: float = 0.0) -> dict:
+          positions: bool = True, sigma_floor: float = 0.0, high_noise: float = 0.0,
+          position_std: float = toywan.POSITION_INIT_STD) -> dict:
     """Train, save, check; `workers` is accepted and unused (clips are rendered on `device`).
+    `high_noise`: share of each batch with sigma drawn from HIGH_NOISE_BAND; `position_std`:
+    the std of the new position term's init (toywan.add_positions).
     `compile` None: torch.compile the transformer on CUDA (falling back to eager if the first
     step fails to compile), not on CPU. `init`: start from a ToyWan weights file of the same
     config (fine-tuning) rather than the seeded init."""
@@ -127,6 +150,8 @@ def train(out: Path, steps: int = 6000, batch: int = 64, lr: float = 1e-3, seed:
         raise UserError(f"--steps and --batch must be positive, got {steps} and {batch}")
     if shape_weight < 0 or motion_weight < 0:
         raise UserError(f"--shape-weight and --motion-weight must be >= 0, got {shape_weight}, {motion_weight}")
+    if not 0 <= high_noise <= 1 or position_std < 0:
+        raise UserError(f"--high-noise must be in [0, 1] and --position-std >= 0, got {high_noise}, {position_std}")
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(device)
     config = dict(transformer=toywan.transformer_config(layers), vae={}, shift=shift,
@@ -138,7 +163,7 @@ def train(out: Path, steps: int = 6000, batch: int = 64, lr: float = 1e-3, seed:
             raise UserError(f"{init}: its transformer config differs from --layers {layers}")
         pipe, text = toywan.build_pipeline(config, init_tensors, new_positions=True)
     else:
-        pipe, text = toywan.build_pipeline(config)
+        pipe, text = toywan.build_pipeline(config, position_std=position_std)
     model = pipe.transformer.to(dev).train()
     text.to(dev).train()
     vae = pipe.vae
@@ -181,17 +206,15 @@ def train(out: Path, steps: int = 6000, batch: int = 64, lr: float = 1e-3, seed:
         The host sends one small row per clip (clip parameters, caption dropout, noise level);
         clips, masks and captions are drawn on the device from it."""
         rows, _ = data.draw(k, batch)
-        host = torch.cat([torch.from_numpy(rows),
-                          (torch.rand(batch, generator=g) < DROP_CAPTION).double().unsqueeze(1),
-                          torch.rand(batch, generator=g).double().unsqueeze(1)], dim=1)
+        drop = (torch.rand(batch, generator=g) < DROP_CAPTION).double()
+        host = torch.cat([torch.from_numpy(rows), drop.unsqueeze(1),
+                          draw_sigmas(g, batch, shift, high_noise, sigma_floor).unsqueeze(1)], dim=1)
         if cuda:  # pinned, so the copy does not wait for the GPU to finish the last step
             host = host.pin_memory().to(dev, non_blocking=True)
-        rows, drop, u = host[:, :n_params], host[:, n_params], host[:, n_params + 1].float()
+        rows, drop, s = host[:, :n_params], host[:, n_params], host[:, n_params + 1].float()
         clips, mask = toyvideo.render_batch(rows)
         x0 = (vae.encode(clips.permute(0, 4, 1, 2, 3) * 2 - 1) - toywan.PIXEL_MEAN) / toywan.PIXEL_STD
         ids = toyvideo.caption_ids(rows) * (drop == 0).long().unsqueeze(1)
-        s = shift * u / (1 + (shift - 1) * u)
-        s = sigma_floor + (1 - sigma_floor) * s  # an experiment's option: only the noisiest levels
         noise = torch.randn(x0.shape, generator=g_noise, device=dev)
         sv = s.view(-1, 1, 1, 1, 1)
         colour = toyvideo._tables(dev)[0][rows[:, 0].long()]
@@ -266,7 +289,8 @@ def train(out: Path, steps: int = 6000, batch: int = 64, lr: float = 1e-3, seed:
                     data_seed=data_seed, shift=shift, ema=ema, drop_caption=DROP_CAPTION,
                     shape_weight=shape_weight, motion_weight=motion_weight,
                     init=str(init) if init is not None else None, compile=compile,
-                    positions=positions, sigma_floor=sigma_floor,
+                    positions=positions, sigma_floor=sigma_floor, high_noise=high_noise,
+                    position_std=position_std if init is None and positions else None,
                     final_loss=round(losses[-1]["loss"], 5),
                     final_shape_mse=round(losses[-1]["shape"], 5),
                     final_background_mse=round(losses[-1]["background"], 5),
@@ -383,6 +407,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="weight of the per-frame centroid loss of the named colour (0: off)")
     p.add_argument("--sigma-floor", type=float, default=0.0,
                    help="train only on noise levels in [floor, 1] (experiments; default 0)")
+    p.add_argument("--high-noise", type=float, default=0.0,
+                   help="share of each batch with sigma uniform in HIGH_NOISE_BAND (default 0)")
+    p.add_argument("--position-std", type=float, default=toywan.POSITION_INIT_STD,
+                   help="std of the position term's init in a new model")
     p.add_argument("--no-positions", action="store_true",
                    help="no absolute position term in the patch embedding (RoPE only, as run 4)")
     p.add_argument("--init", type=Path, default=None, help="start from these ToyWan weights")
@@ -394,7 +422,8 @@ def main(argv: list[str] | None = None) -> None:
               log_every=a.log_every, max_seconds=a.max_seconds, workers=a.workers,
               check=not a.no_check, prediction=a.prediction, shape_weight=a.shape_weight,
               compile=a.compile, motion_weight=a.motion_weight, init=a.init,
-              positions=not a.no_positions, sigma_floor=a.sigma_floor)
+              positions=not a.no_positions, sigma_floor=a.sigma_floor, high_noise=a.high_noise,
+              position_std=a.position_std)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
