@@ -13,7 +13,14 @@ from vcbench.cli import main
 from vcbench.errors import UserError
 from vcbench.pipelines import toyvideo, toywan
 from vcbench.pipelines.check_tiny import check_clip, check_model, write_strip
-from vcbench.pipelines.train_tiny import HIGH_NOISE_BAND, centroids, draw_sigmas, motion_loss, on_shape, train
+from vcbench.pipelines.train_tiny import (
+    HIGH_NOISE_BAND,
+    centroids,
+    draw_sigmas,
+    motion_loss,
+    on_shape,
+    train,
+)
 
 
 def uint8(clip: np.ndarray) -> np.ndarray:
