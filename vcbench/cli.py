@@ -330,19 +330,20 @@ def train_tiny(
     init: Path = typer.Option(None, "--init", help="Start from these ToyWan weights (fine-tune)."),
     compile: bool = typer.Option(None, "--compile/--no-compile",
                                  help="torch.compile the transformer (default: on CUDA only)."),
-    high_noise: float = typer.Option(0.0, "--high-noise",
-                                     help="Share of each batch with sigma uniform in [0.97, 1]."),
+    high_noise: float = typer.Option(None, "--high-noise",
+                                     help="Share of each batch with sigma uniform in [0.97, 1] (default 0.25)."),
     position_std: float = typer.Option(None, "--position-std",
                                        help="Std of a new model's position term (default 0.3)."),
 ) -> None:
     """Train the tiny Wan on ToyVideo (flow matching) and write weights + model card."""
     from vcbench.pipelines.toywan import POSITION_INIT_STD
-    from vcbench.pipelines.train_tiny import MOTION_WEIGHT, train
+    from vcbench.pipelines.train_tiny import HIGH_NOISE, MOTION_WEIGHT, train
 
     train(out, steps, batch, lr, seed, data_seed, device, layers, max_seconds=max_seconds,
           workers=workers, check=check, compile=compile, init=init,
           motion_weight=MOTION_WEIGHT if motion_weight is None else motion_weight,
-          high_noise=high_noise, position_std=POSITION_INIT_STD if position_std is None else position_std)
+          high_noise=HIGH_NOISE if high_noise is None else high_noise,
+          position_std=POSITION_INIT_STD if position_std is None else position_std)
     console.print(f"weights and card in {out}")
 
 

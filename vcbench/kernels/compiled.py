@@ -63,17 +63,17 @@ DEFAULT_VARIANT = "simple"
 
 def default_variant(plan) -> str:
     """The fastest two-level variant per kind of plan, measured on the H200 at the Wan2.2 shape
-    (docs/perf.md, session 13): ExpCast (vc-8bit) simple-sat 128.2 ms (simple 138.7 in the
-    round before: "-sat" folds the clamp into FFMA.SAT, bit-identical codes; pingpong-2lvl-vs
-    126.9 in the same run, but it has not been through tests/test_gpu_compiled.py on the
-    device yet, so it is not the default); exp2 without V-Smooth (sage2-8bit) pingpong-2lvl 150.6 vs simple
-    157.5; exp2 with V-Smooth simple 156.7 vs pingpong-2lvl-vs 163.9 and pingpong-2lvl 167.6.
+    (docs/perf.md, sessions 13-14): ExpCast (vc-8bit) pingpong-2lvl-vs 128.8 ms against
+    simple-sat 130.9 in the same run (126.9 / 128.2 in the run before), through
+    tests/test_gpu_compiled.py green; exp2 without V-Smooth (sage2-8bit) pingpong-2lvl 152.8 vs
+    simple 158.6; exp2 with V-Smooth simple 159.3 vs pingpong-2lvl-vs2 162.6, -vs 163.9 and
+    pingpong-2lvl 167.7 (V-Smooth costs the ping-pong schedules 10-15 ms, simple 0.5 ms).
     The direct variants drift from the emulation (accumulator truncation; const-V error
     6e-3 to 2e-2), so they are never a default."""
     from vcbench.kernels.probability import ExpCast
 
     if isinstance(plan.p, ExpCast):
-        return "simple-sat"
+        return "pingpong-2lvl-vs"
     if plan.vsmooth is None:
         return "pingpong-2lvl"
     return DEFAULT_VARIANT
