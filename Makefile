@@ -3,6 +3,17 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+# ENV=system: run in the current Python as it is, from this source tree (a GPU machine that has
+# torch, triton and vcbench's dependencies but no package registry): no .venv, no install.
+ifeq ($(ENV),system)
+SETUP   :=
+PYTHON  := PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PY)
+VCBENCH := $(PYTHON) -m vcbench
+else
+SETUP   := setup
+PYTHON  := $(BIN)/python
+VCBENCH := $(BIN)/vcbench
+endif
 # torch and torchvision come as a matched pair (lpips imports torchvision); on machines with
 # a local wheel cache pip takes them from there.
 .DEFAULT_GOAL := help
@@ -18,6 +29,7 @@ help:
 	@echo "make fig6 [MODEL_PATH=DIR]    attention and clip speedup over bf16 (clip projected without MODEL_PATH); needs a GPU"
 	@echo "make kernels the compiled sm_90a attention kernel (needs nvcc; VCBENCH_KERNEL=sm90 uses it)"
 	@echo "make lint    ruff"
+	@echo "ENV=system   (with any target) the current Python as it is, no .venv: a GPU box without a registry"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,17 +39,17 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-test: setup
-	$(BIN)/python -m pytest -q
+test: $(SETUP)
+	$(PYTHON) -m pytest -q
 
-lint: setup
+lint: $(SETUP)
 	$(BIN)/ruff check vcbench tests
 
 # The compiled VC-Attention kernel for Hopper (vcbench/kernels/csrc): built into
 # ~/.cache/vcbench/kernels (VCBENCH_KERNEL_CACHE) on a machine with nvcc and a CUDA torch.
 .PHONY: kernels
-kernels: setup
-	$(BIN)/python -m vcbench.kernels.compiled build
+kernels: $(SETUP)
+	$(PYTHON) -m vcbench.kernels.compiled build
 
 # The whole chain on tiny-wan (the trained ToyWan shipped in the package) on CPU: every method,
 # 2 held-out captions x 2 seeds at the model's own size (17 frames of 64x64, 20 steps), scored
@@ -47,24 +59,24 @@ kernels: setup
 DEMO     := results/demo
 METHODS8 := bf16,fp8-fa4,sage2-8bit,sage3-4bit,attnqat-tf,vc-8bit,vc-8bit-vsmooth,vc-4bit
 TINY     := --model tiny-wan --prompts experiments/demo-prompts.txt --seeds 0,1
-demo: setup
-	$(BIN)/vcbench generate $(TINY) --methods $(METHODS8) --out $(DEMO)/generate
-	$(BIN)/vcbench score $(DEMO)/generate --metrics psnr,ssim,lpips \
+demo: $(SETUP)
+	$(VCBENCH) generate $(TINY) --methods $(METHODS8) --out $(DEMO)/generate
+	$(VCBENCH) score $(DEMO)/generate --metrics psnr,ssim,lpips \
 	    --json $(DEMO)/generate/score.json --csv $(DEMO)/generate/score.csv
-	$(BIN)/vcbench check-tiny --strict --out $(DEMO)/check
-	$(BIN)/vcbench analyze expcast --out $(DEMO)/expcast
-	$(BIN)/vcbench run experiments/demo-kernel-error.yaml
-	$(BIN)/vcbench run experiments/demo-token-order.yaml
-	$(BIN)/vcbench report $(DEMO)/generate $(DEMO)/expcast $(DEMO)/kernel-error \
+	$(VCBENCH) check-tiny --strict --out $(DEMO)/check
+	$(VCBENCH) analyze expcast --out $(DEMO)/expcast
+	$(VCBENCH) run experiments/demo-kernel-error.yaml
+	$(VCBENCH) run experiments/demo-token-order.yaml
+	$(VCBENCH) report $(DEMO)/generate $(DEMO)/expcast $(DEMO)/kernel-error \
 	    $(DEMO)/token-order $(DEMO)/check --out $(DEMO)/report
 
 # --- the paper's tables and figures (docs/report.md) -------------------------------------------
 .PHONY: table1 fig3 fig4 fig5 table2 table3 fig6
 # Kernel-level analyses: captured tensors if the YAML's `tensors:` names them, else synthetic
 # video-like tensors (the tables and figures say which).
-table1 fig3 fig4 fig5: setup
-	$(BIN)/vcbench run experiments/$@.yaml
-	$(BIN)/vcbench report results/$@ --out results/$@/report
+table1 fig3 fig4 fig5: $(SETUP)
+	$(VCBENCH) run experiments/$@.yaml
+	$(VCBENCH) report results/$@ --out results/$@/report
 
 # MODEL=tiny runs tiny-wan (the trained ToyWan) on CPU at the demo's size, labelled so; a real model
 # needs its diffusers folder (MODEL_PATH) and a CUDA GPU, checked before anything runs.
@@ -93,7 +105,7 @@ GEN       = $(if $(filter tiny,$(MODEL)),$(GEN_tiny),$(GEN_real))
 METRICS   = $(if $(filter tiny,$(MODEL)),psnr$(,)ssim$(,)lpips,psnr$(,)ssim$(,)lpips$(,)subject_consistency$(,)imaging_quality)
 , := ,
 VBENCH    = $(or $(VBENCH_CACHE_DIR),$(HOME)/.cache/vbench)
-HAS_GPU   = $(BIN)/python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'
+HAS_GPU   = $(PYTHON) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'
 define need_model
 	@test -n "$(MODEL_$(MODEL))" || { echo "error: MODEL=$(MODEL) is not one of tiny, wan22, hunyuan15, minimax-h3, longcat" >&2; exit 2; }
 	@test "$(MODEL)" = tiny || test -d "$(MODEL_PATH)" || { echo "error: make $@ MODEL=$(MODEL) needs the $(MODEL_$(MODEL)) diffusers folder: set MODEL_PATH=DIR (now '$(MODEL_PATH)')" >&2; exit 2; }
@@ -101,34 +113,34 @@ define need_model
 endef
 
 T2 = results/table2-$(MODEL)-$(GPU)
-table2: setup
+table2: $(SETUP)
 	$(need_model)
 	@test -n "$(METHODS_$(GPU))" || { echo "error: GPU=$(GPU) is not one of datacenter, workstation" >&2; exit 2; }
 	@test "$(MODEL)" = tiny || for f in dino_model/dino_vitbase16_pretrain.pth pyiqa_model/musiq_spaq_ckpt-358bb6af.pth; do \
 	    test -f "$(VBENCH)/$$f" || { echo "error: make table2 scores VBench's two dimensions and needs $(VBENCH)/$$f (set VBENCH_CACHE_DIR)" >&2; exit 2; }; done
-	$(BIN)/vcbench generate $(GEN) --methods bf16 --out $(T2)/bf16
-	$(BIN)/vcbench generate $(GEN) --methods $(METHODS_$(GPU)) --out $(T2)/generate
-	$(BIN)/vcbench generate $(GEN) --methods $(HADAMARD_$(GPU)) \
+	$(VCBENCH) generate $(GEN) --methods bf16 --out $(T2)/bf16
+	$(VCBENCH) generate $(GEN) --methods $(METHODS_$(GPU)) --out $(T2)/generate
+	$(VCBENCH) generate $(GEN) --methods $(HADAMARD_$(GPU)) \
 	    --option $(HADAMARD_$(GPU)).hadamard_qk=true --out $(T2)/generate-hadamard
 	for run in generate generate-hadamard; do \
-	    $(BIN)/vcbench score $(T2)/bf16 $(T2)/$$run --metrics $(METRICS) \
+	    $(VCBENCH) score $(T2)/bf16 $(T2)/$$run --metrics $(METRICS) \
 	        --json $(T2)/$$run/score.json || exit $$?; done
-	$(BIN)/vcbench report $(T2)/bf16 $(T2)/generate $(T2)/generate-hadamard --out $(T2)/report
+	$(VCBENCH) report $(T2)/bf16 $(T2)/generate $(T2)/generate-hadamard --out $(T2)/report
 
 # Table 3: vc-8bit grouping on the leading 25% of steps, the same count spread uniformly, and
 # every step; each scored against one bf16 run. Latency is the clip wall clock (a real one on
 # a GPU; on CPU the emulation's, labelled so).
 T3 = results/table3-$(MODEL)
-table3: setup
+table3: $(SETUP)
 	$(need_model)
-	$(BIN)/vcbench generate $(GEN) --methods bf16 --out $(T3)/bf16
-	$(BIN)/vcbench generate $(GEN) --methods vc-8bit --schedule-placement leading --out $(T3)/leading
-	$(BIN)/vcbench generate $(GEN) --methods vc-8bit --schedule-placement uniform --out $(T3)/uniform
-	$(BIN)/vcbench generate $(GEN) --methods vc-8bit --schedule-placement every --out $(T3)/every
+	$(VCBENCH) generate $(GEN) --methods bf16 --out $(T3)/bf16
+	$(VCBENCH) generate $(GEN) --methods vc-8bit --schedule-placement leading --out $(T3)/leading
+	$(VCBENCH) generate $(GEN) --methods vc-8bit --schedule-placement uniform --out $(T3)/uniform
+	$(VCBENCH) generate $(GEN) --methods vc-8bit --schedule-placement every --out $(T3)/every
 	for run in leading uniform every; do \
-	    $(BIN)/vcbench score $(T3)/bf16 $(T3)/$$run --metrics psnr,ssim,lpips \
+	    $(VCBENCH) score $(T3)/bf16 $(T3)/$$run --metrics psnr,ssim,lpips \
 	        --json $(T3)/$$run/score.json || exit $$?; done
-	$(BIN)/vcbench report $(T3)/bf16 $(T3)/leading $(T3)/uniform $(T3)/every --out $(T3)/report
+	$(VCBENCH) report $(T3)/bf16 $(T3)/leading $(T3)/uniform $(T3)/every --out $(T3)/report
 
 # Figure 6: attention kernel time on this card (timeit, Wan2.2 720p shape) and the clip wall
 # clock per method: measured with Wan2.2 weights (MODEL_PATH), else projected from Wan2.2-A14B's
@@ -138,15 +150,15 @@ F6         = results/fig6
 F6_METHODS = bf16,sage2-8bit,fp8-fa4,vc-8bit-vsmooth,vc-8bit
 REPEATS   ?= 1
 F6_CLIP    = $(if $(MODEL_PATH),generate,projection)
-fig6: setup
+fig6: $(SETUP)
 	@$(HAS_GPU) || { echo "error: make fig6 needs a CUDA GPU (it times kernels with CUPTI); this machine has none" >&2; exit 2; }
-	$(BIN)/vcbench timeit --shape wan22-720p --out $(F6)/timeit
-	$(if $(MODEL_PATH),$(BIN)/vcbench generate --model wan22-t2v-a14b --model-path $(MODEL_PATH) \
+	$(VCBENCH) timeit --shape wan22-720p --out $(F6)/timeit
+	$(if $(MODEL_PATH),$(VCBENCH) generate --model wan22-t2v-a14b --model-path $(MODEL_PATH) \
 	    --backend gpu --methods $(F6_METHODS) --out $(F6)/generate,\
-	    $(BIN)/vcbench project-clip --methods $(F6_METHODS) --repeats $(REPEATS) --out $(F6)/projection)
-	$(BIN)/vcbench report $(F6)/timeit $(F6)/$(F6_CLIP) --out $(F6)/report
+	    $(VCBENCH) project-clip --methods $(F6_METHODS) --repeats $(REPEATS) --out $(F6)/projection)
+	$(VCBENCH) report $(F6)/timeit $(F6)/$(F6_CLIP) --out $(F6)/report
 
 .PHONY: bench
-bench: setup  ## GPU: kernel timings at the Wan2.2 and LongCat shapes
-	$(BIN)/vcbench timeit --shape wan22-720p --out results/bench-wan22
-	$(BIN)/vcbench timeit --shape longcat-480p --out results/bench-longcat
+bench: $(SETUP)  ## GPU: kernel timings at the Wan2.2 and LongCat shapes
+	$(VCBENCH) timeit --shape wan22-720p --out results/bench-wan22
+	$(VCBENCH) timeit --shape longcat-480p --out results/bench-longcat
