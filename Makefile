@@ -159,6 +159,8 @@ fig6: $(SETUP)
 	$(VCBENCH) report $(F6)/timeit $(F6)/$(F6_CLIP) --out $(F6)/report
 
 .PHONY: bench
+# TIMEIT_FLAGS: e.g. "--warmup-s 3 --window-s 3" for a quick look (the defaults are 20 s and 10 s)
+TIMEIT_FLAGS ?=
 bench: $(SETUP)  ## GPU: kernel timings at the Wan2.2 and LongCat shapes
-	$(VCBENCH) timeit --shape wan22-720p --out results/bench-wan22
-	$(VCBENCH) timeit --shape longcat-480p --out results/bench-longcat
+	$(VCBENCH) timeit --shape wan22-720p $(TIMEIT_FLAGS) --out results/bench-wan22
+	$(VCBENCH) timeit --shape longcat-480p $(TIMEIT_FLAGS) --out results/bench-longcat
