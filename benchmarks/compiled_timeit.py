@@ -6,7 +6,10 @@ each output's relative L2 against an FP64 reference on a sample of query rows (2
 two heads, all keys), and each compiled output against the Triton kernel's.
 
 Usage: PYTHONPATH=. python3 benchmarks/compiled_timeit.py [--shape wan22-720p]
-       [--warmup-s 2] [--window-s 2] [--json OUT.json]
+       [--warmup-s 2] [--window-s 2] [--json OUT.json] [--methods A,B] [--variants X,Y]
+       [--skip-triton]
+With VCBENCH_KERNEL_PROBE set (compiled.PROBES) it times that probe build: outputs wrong by
+design, so the accuracy notes are left out (benchmarks/vsmooth_probe.sh).
 """
 
 import argparse
@@ -32,7 +35,9 @@ METHODS = {"sage2-8bit": ("simple", "pingpong-2lvl"),
 # exp2 P path and scales, the mean term off), not against sage2-8bit's different plan.
 METHODS["vc-8bit-vsmooth/no-vsmooth"] = ("simple", "pingpong-2lvl", "pingpong-2lvl-vs",
                                          "pingpong-2lvl-vs2")
-OPTIONS = {"vc-8bit-vsmooth/no-vsmooth": ("vc-8bit-vsmooth", {"vsmooth": False})}
+METHODS["vc-8bit/no-vsmooth"] = ("simple-sat", "pingpong-2lvl-vs", "pingpong-2lvl-vs2")
+OPTIONS = {"vc-8bit-vsmooth/no-vsmooth": ("vc-8bit-vsmooth", {"vsmooth": False}),
+           "vc-8bit/no-vsmooth": ("vc-8bit", {"vsmooth": False})}
 SAMPLE_HEADS, SAMPLE_ROWS = (0, 1), 256
 
 
@@ -46,7 +51,15 @@ def main():
     ap.add_argument("--warmup-s", type=float, default=2.0)
     ap.add_argument("--window-s", type=float, default=2.0)
     ap.add_argument("--json")
+    ap.add_argument("--methods", help="comma list of METHODS rows (default: all)")
+    ap.add_argument("--variants", help="comma list of compiled variants (default: each row's)")
+    ap.add_argument("--skip-triton", action="store_true", help="time only the compiled kernel")
     args = ap.parse_args()
+    names = args.methods.split(",") if args.methods else list(METHODS)
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise SystemExit(f"error: unknown --methods {unknown}; known: {', '.join(METHODS)}")
+    probe = ",".join(compiled.probes())
     x = make_inputs(args.shape, None)
     flops = attention_flops(x.q)
     heads = [h for h in SAMPLE_HEADS if h < x.q.shape[1]]
@@ -62,7 +75,7 @@ def main():
     def vs_fp64(o):
         return f"vs FP64 {((sample(o) - ref).norm() / ref.norm()).item():.1e}"
 
-    ready = compiled.load() is not None
+    ready = compiled.load(probe_ok=bool(probe)) is not None
     table = []
 
     def timed(method, impl, fn, note=""):
@@ -82,24 +95,32 @@ def main():
         plan = get_method(method).plan(options)
         perm = group(x.v, plan.vsmooth).permutation if plan.vsmooth is not None else None
         ops = gpu.prepare_gpu(x.q, x.k, x.v, plan, permutation=perm)
-        out_t = torch.empty_like(x.q)
-        switches = gpu.kernel_switches(plan)
-        triton_launch(ops, out_t, **switches)
-        timed(name, "vcbench-triton", lambda: triton_launch(ops, out_t, **switches),
-              vs_fp64(out_t))
+        out_t = None
+        if not args.skip_triton:
+            out_t = torch.empty_like(x.q)
+            switches = gpu.kernel_switches(plan)
+            triton_launch(ops, out_t, **switches)
+            timed(name, "vcbench-triton", lambda: triton_launch(ops, out_t, **switches),
+                  vs_fp64(out_t))
         if not ready:
             return
-        allowed = os.environ.get("VCBENCH_COMPILED_VARIANTS", ",".join(compiled.VARIANTS))
-        for variant in [v for v in METHODS[name] if v in allowed.split(",")]:
+        allowed = os.environ.get("VCBENCH_COMPILED_VARIANTS", ",".join(compiled.VARIANTS)).split(",")
+        if args.variants:
+            allowed = [v for v in allowed if v in args.variants.split(",")]
+        for variant in [v for v in METHODS[name] if v in allowed]:
             out_c = torch.full_like(x.q, float("nan"))
-            compiled.run(ops, plan, out_c, variant=variant)
-            finite = bool(torch.isfinite(out_c).all())
-            note = (f"{vs_fp64(out_c)}, vs Triton {rel(out_c, out_t):.1e}"
-                    + ("" if finite else ", NOT FINITE"))
+            compiled.run(ops, plan, out_c, variant=variant, probe_ok=bool(probe))
+            if probe:
+                note = f"probe {probe}: output wrong by design"
+            else:
+                finite = bool(torch.isfinite(out_c).all())
+                note = (vs_fp64(out_c) + (f", vs Triton {rel(out_c, out_t):.1e}" if out_t is not None else "")
+                        + ("" if finite else ", NOT FINITE"))
             timed(name, f"{compiled.IMPLEMENTATION} {variant}",
-                  lambda v=variant, o=out_c: compiled.run(ops, plan, o, variant=v), note)
+                  lambda v=variant, o=out_c: compiled.run(ops, plan, o, variant=v, probe_ok=bool(probe)),
+                  note)
 
-    for name in METHODS:
+    for name in names:
         time_method(name)
         torch.cuda.empty_cache()
 
@@ -107,7 +128,8 @@ def main():
     b, h, n, d = PRESETS[args.shape]
     print(f"\n{args.shape} B{b} H{h} N{n} D{d}, {torch.cuda.get_device_name()}, CUPTI medians "
           f"(warm-up {args.warmup_s:g} s, window {args.window_s:g} s)"
-          + ("" if ready else f"; compiled kernel not run: {compiled.status()}"))
+          + ("" if ready else f"; compiled kernel not run: {compiled.status()}")
+          + (f"; PROBE BUILD {probe}" if probe else ""))
     print(f"{'method':16s} {'implementation':26s} {'ms':>8s} {'TFLOPS':>7s} {'vs bf16':>7s} "
           f"{'vs sage2 128.5':>14s}  note")
     for r in table:
@@ -117,8 +139,8 @@ def main():
               f"{r['speedup_vs_bf16']:7.3f} {r['speedup_vs_sage2_official']:14.3f}  {r['note']}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(shape=args.shape, device=torch.cuda.get_device_name(), rows=table), f,
-                      indent=1)
+            json.dump(dict(shape=args.shape, device=torch.cuda.get_device_name(), probe=probe,
+                           rows=table), f, indent=1)
 
 
 if __name__ == "__main__":

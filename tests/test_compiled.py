@@ -70,6 +70,34 @@ def test_build_flags_name_the_hopper_a_target_and_leave_std_to_torch():
     assert "-DVC_SOURCE_HASH_ID=habc" in cuda and '"' not in " ".join(cuda)  # ninja runs sh
 
 
+def test_a_timing_probe_is_its_own_build_and_never_runs_as_the_kernel(monkeypatch, tmp_path):
+    monkeypatch.setenv("VCBENCH_KERNEL_CACHE", str(tmp_path))
+    compiled.source_hash.cache_clear()
+    real = compiled.source_hash()
+    try:
+        monkeypatch.setenv("VCBENCH_KERNEL_PROBE", "no-mean-flush, no-mean-mma")
+        compiled.source_hash.cache_clear()
+        assert compiled.probes() == ("no-mean-flush", "no-mean-mma")
+        assert compiled.source_hash() != real  # never mistaken for the real build
+        cuda = compiled.build_flags()["extra_cuda_cflags"]
+        assert "-DVC_PROBE_NO_MEAN_MMA" in cuda and "-DVC_PROBE_NO_MEAN_FLUSH" in cuda
+        for name, macro in compiled.PROBES.items():  # each macro is one the kernel source reads
+            assert f"#ifdef {macro}" in (compiled.CSRC / compiled.SOURCES[0]).read_text(), name
+        # with a device and a current build, status() still refuses it to every caller
+        monkeypatch.setattr(compiled, "device_reason", lambda: None)
+        compiled.build_dir().mkdir(parents=True)
+        compiled.library_path().write_bytes(b"")
+        compiled.status.cache_clear()
+        reason = compiled.status()
+        assert "VCBENCH_KERNEL_PROBE" in reason and "wrong by design" in reason and "\n" not in reason
+        monkeypatch.setenv("VCBENCH_KERNEL_PROBE", "no-such-probe")
+        with pytest.raises(UserError, match="no-such-probe"):
+            compiled.probes()
+    finally:
+        compiled.source_hash.cache_clear()
+        compiled.status.cache_clear()
+
+
 def test_cli_status_says_why_in_one_line(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("VCBENCH_KERNEL_CACHE", str(tmp_path))
     compiled.status.cache_clear()

@@ -35,6 +35,8 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+from vcbench.errors import UserError
+
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("vc_attention_sm90.cu", "binding.cpp")
 HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
@@ -83,13 +85,35 @@ IMPLEMENTATION = "vcbench-sm90"
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"
 
 
+# Timing probes (benchmarks/vsmooth_probe.sh): VCBENCH_KERNEL_PROBE=NAME[,NAME] builds the kernel
+# with a part of V-Smooth's bookkeeping compiled out, to measure what that part costs in each
+# schedule. A probe build computes wrong outputs by design: its hash differs (it never stands in
+# for a real build), status() refuses it to every caller, and only load(probe_ok=True) opens it.
+PROBES = {"no-mean-mma": "VC_PROBE_NO_MEAN_MMA",      # the flush's LDSM + HMMA (its weights kept)
+          "no-mean-flush": "VC_PROBE_NO_MEAN_FLUSH"}  # the whole flush ((r, m) still stored)
+
+
+def probes() -> tuple[str, ...]:
+    """The probes VCBENCH_KERNEL_PROBE asks for (sorted), or () for a real build."""
+    names = tuple(sorted({n.strip() for n in os.environ.get("VCBENCH_KERNEL_PROBE", "").split(",")
+                          if n.strip()}))
+    unknown = [n for n in names if n not in PROBES]
+    if unknown:
+        raise UserError(f"VCBENCH_KERNEL_PROBE: unknown probe {', '.join(unknown)} "
+                        f"(known: {', '.join(PROBES)})")
+    return names
+
+
 @lru_cache(maxsize=1)
 def source_hash() -> str:
-    """12 hex digits over every source and header: a build is current only for this hash."""
+    """12 hex digits over every source and header (and any probe): a build is current only
+    for this hash."""
     h = hashlib.sha256()
     for name in SOURCES + HEADERS:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
+    if probes():
+        h.update(("probe:" + ",".join(probes())).encode())
     return h.hexdigest()[:12]
 
 
@@ -119,8 +143,9 @@ def build_flags(digest: str | None = None) -> dict:
     -gencode stops torch from adding its own arch flags (a plain sm_90 pass would reject
     wgmma); no -std: torch picks the one its headers need (the .cu does not include torch)."""
     define = f"-DVC_SOURCE_HASH_ID=h{digest or source_hash()}"  # no quotes: ninja runs sh
+    probe_defines = [f"-D{PROBES[n]}" for n in probes()]
     return {
-        "extra_cuda_cflags": [ARCH_FLAG, "-O3", "-Xptxas=-v", "-lineinfo", define],
+        "extra_cuda_cflags": [ARCH_FLAG, "-O3", "-Xptxas=-v", "-lineinfo", define, *probe_defines],
         "extra_cflags": ["-O3", define],
     }
 
@@ -156,17 +181,25 @@ def device_reason() -> str | None:
     return None
 
 
+def probe_reason() -> str | None:
+    if not probes():
+        return None
+    return (f"VCBENCH_KERNEL_PROBE={','.join(probes())} selects a timing probe, whose outputs are "
+            "wrong by design; unset it to run the compiled kernel")
+
+
 @lru_cache(maxsize=1)
 def status() -> str | None:
     """None when the compiled kernel can run here, else one line saying why not (cached: a
     build in this process clears it)."""
-    return device_reason() or missing_reason()
+    return device_reason() or missing_reason() or probe_reason()
 
 
-@lru_cache(maxsize=1)
-def load():
-    """The extension module of the current sources, or None (see `status`). Never builds."""
-    if status() is not None:
+@lru_cache(maxsize=2)
+def load(probe_ok: bool = False):
+    """The extension module of the current sources, or None (see `status`). Never builds.
+    `probe_ok`: open a probe build too (benchmarks/compiled_timeit.py, timing only)."""
+    if (device_reason() or missing_reason()) if probe_ok else status():
         return None
     import torch  # noqa: F401  (the library links against torch's shared libraries)
 
@@ -235,10 +268,11 @@ def arguments(ops, plan) -> dict:
                 log2_p_scale=0.0 if expcast else math.log2(float(plan.p.scale)))
 
 
-def run(ops, plan, out, variant: str | int | None = None):
+def run(ops, plan, out, variant: str | int | None = None, probe_ok: bool = False):
     """Attention of prepared operands into `out` (B, H, N, D), bf16/fp16, any strides with a
-    unit last stride. Raises RuntimeError with `status()` when the kernel cannot run here."""
-    module = load()
+    unit last stride. Raises RuntimeError with `status()` when the kernel cannot run here.
+    `probe_ok`: run a probe build (timing only; see PROBES)."""
+    module = load(probe_ok=True) if probe_ok else load()
     if module is None:
         raise RuntimeError(status())
     reason = unsupported_reason(plan, ops.q.shape[-1])

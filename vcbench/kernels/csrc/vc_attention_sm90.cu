@@ -425,6 +425,11 @@ __device__ __forceinline__ void rescale(float (&acc)[NACC], float (&l)[2], const
 template <int NACC>
 __device__ __forceinline__ void mean_mma(float (&acc)[NACC], const uint32_t (&a)[4], uint32_t mbuf,
                                          int lane) {
+#ifdef VC_PROBE_NO_MEAN_MMA  // timing probe (compiled.PROBES): wrong outputs by design
+  // the weights still computed: a use ptxas cannot drop (an empty asm would not keep them)
+  if ((a[0] ^ a[1] ^ a[2] ^ a[3]) == 0x12345678u) acc[0] += 1.f;
+  return;
+#endif
   const int mi = lane >> 3, rr = lane & 7;
 #pragma unroll
   for (int nb2 = 0; nb2 < 8; ++nb2) {
@@ -447,6 +452,9 @@ template <int NACC, bool WARP_SYNC = false>
 __device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbuf, uint32_t mbuf,
                                            const float (&m_ref)[2], int count, int cw, int warp,
                                            int lane) {
+#ifdef VC_PROBE_NO_MEAN_FLUSH  // timing probe (compiled.PROBES): wrong outputs by design
+  return;
+#endif
   const int q = lane & 3, g = lane >> 2;
   const int row = warp * 16 + g;
   if constexpr (WARP_SYNC)
@@ -485,6 +493,9 @@ __device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbu
 template <bool FULL, int NACC>
 __device__ __forceinline__ void mean_flush4(float (&acc)[NACC], const float4* rb, uint32_t mbuf,
                                             const float (&m_last)[2], int count, int lane) {
+#ifdef VC_PROBE_NO_MEAN_FLUSH  // timing probe (compiled.PROBES): wrong outputs by design
+  return;
+#endif
   const int q = lane & 3;
   __syncwarp();
   float m_ref[2];
