@@ -1,5 +1,6 @@
 """SASS facts of the compiled sm_90a kernel, per template instance: the matrix instructions
-(IGMMA for the INT8 QK wgmma, QGMMA for the FP8 PV wgmma, HMMA for V-Smooth's mean mma.sync),
+(IGMMA for the INT8 QK wgmma, QGMMA for the FP8 PV wgmma, HMMA for V-Smooth's mean mma.sync,
+HGMMA for its wgmma in -vs3),
 local memory (LDL/STL), and MUFU.EX2, which ExpCast must keep off the P path (only the per-row
 alpha and the per-16-tile mean weights may use it). Exit status 1 if a check fails.
 
@@ -14,10 +15,10 @@ import subprocess
 import sys
 from collections import Counter
 
-# template <EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, VSX, VS2> as mangled (all eight
-# arguments; a build of older sources, with other template parameters, matches no instance)
+# template <EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, VSX, VS2, VS3> as mangled (all
+# nine arguments; a build of older sources, with other template parameters, matches no instance)
 INSTANCE = re.compile(r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELb(\d)ELi(\d+)E"
-                      r"Lb(\d)ELb(\d)ELb(\d)EE")
+                      r"Lb(\d)ELb(\d)ELb(\d)ELb(\d)EE")
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
@@ -43,23 +44,24 @@ def main() -> int:
         if not m:
             continue
         instances += 1
-        expcast, vsmooth, pingpong, two_level, stages, sat, vsx, vs2 = (int(x) for x in m.groups())
+        expcast, vsmooth, pingpong, two_level, stages, sat, vsx, vs2, vs3 = (int(x) for x in m.groups())
         base = Counter(op.split(".")[0] for op in ops)
         full = Counter(ops)
         ex2 = sum(v for k, v in full.items() if k.startswith("MUFU.EX2"))
         local = base["LDL"] + base["STL"]
-        gmma = base["IGMMA"] + base["QGMMA"]
+        gmma = base["IGMMA"] + base["QGMMA"] + base["HGMMA"]
         depbar = sum(v for k, v in full.items() if k.startswith("WARPGROUP.DEPBAR"))
         # ExpCast: alpha (2 rows) per softmax copy (masked and unmasked), twice as many copies
         # in the ping-pong variant's prologue; V-Smooth's flush 8 per copy of mean_flush.
-        ex2_allowed = 8 + (16 if vsmooth else 0) if expcast else None
+        # vs3: the weights in up to three places (loop, last turn, epilogue), 8 each.
+        ex2_allowed = 8 + ((32 if vs3 else 16) if vsmooth else 0) if expcast else None
         problems = []
         if not base["IGMMA"]:
             problems.append("no IGMMA")
         if not base["QGMMA"]:
             problems.append("no QGMMA")
-        if vsmooth and not base["HMMA"]:
-            problems.append("no HMMA")
+        if vsmooth and not base["HMMA"] and not base["HGMMA"]:  # the mean product: mma.sync or wgmma
+            problems.append("no HMMA/HGMMA")
         if local:
             problems.append("local memory")
         if depbar >= gmma:  # ptxas waits after every wgmma when it serializes them (C7511)
@@ -69,7 +71,8 @@ def main() -> int:
         ok &= not problems
         label = (f"{'pingpong' if pingpong else 'simple'}{' 2lvl' if two_level else ' direct'} "
                  f"{'expcast' if expcast else 'exp2'}{' vsmooth' if vsmooth else ''} s{stages}"
-                 f"{' sat' if sat else ''}{' vsx' if vsx else ''}{' vs2' if vs2 else ''}")
+                 f"{' sat' if sat else ''}{' vsx' if vsx else ''}{' vs2' if vs2 else ''}"
+                 f"{' vs3' if vs3 else ''}")
         print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
               f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
               f"{'ok' if not problems else '; '.join(problems)}")

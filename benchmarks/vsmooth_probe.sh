@@ -7,8 +7,9 @@
 # gone) -- and times vc-8bit-vsmooth and vc-8bit with and without the mean term on each, in one
 # process per build (compiled_timeit.py; bf16 beside it). Probe outputs are wrong by design.
 # If no-mean-mma recovers most of the cost, the mma.sync HMMAs are the culprit in ping-pong
-# (they share the tensor core with the other warpgroup's wgmmas) and the mean product should
-# become a wgmma in the turn; if only no-mean-flush does, it is the flush's other work.
+# (they share the tensor core with the other warpgroup's wgmmas), and pingpong-2lvl-vs3 (the
+# mean product as a wgmma in the turn) should recover it too; if only no-mean-flush does, it is
+# the flush's other work.
 # Usage (repo root, PYTHONPATH=.; FA4 optional): bash benchmarks/vsmooth_probe.sh [W,S]
 set -u
 OUT=${OUT:-/tmp/out}
@@ -19,7 +20,7 @@ export PYTHONUNBUFFERED=1
 export VCBENCH_KERNEL_CACHE=${VCBENCH_KERNEL_CACHE:-/tmp/vcbench-kernels}
 export MAX_JOBS=${MAX_JOBS:-8}
 METHODS=vc-8bit-vsmooth,vc-8bit-vsmooth/no-vsmooth,vc-8bit,vc-8bit/no-vsmooth
-VARIANTS=simple,simple-sat,pingpong-2lvl,pingpong-2lvl-vs,pingpong-2lvl-vs2
+VARIANTS=simple,simple-sat,pingpong-2lvl,pingpong-2lvl-vs,pingpong-2lvl-vs2,pingpong-2lvl-vs3
 for probe in "" no-mean-mma no-mean-flush; do
   tag=${probe:-real}
   export VCBENCH_KERNEL_PROBE=$probe

@@ -6,6 +6,7 @@ one side changes, the other must, and these tests say whether they still fit tog
 """
 
 import math
+import re
 import warnings
 
 import numpy as np
@@ -298,3 +299,38 @@ def test_mean_flush_fragments_line_up():
                 for j in range(2):  # B[k][n] of n-block nblk, as m16n8k16 wants it
                     assert frag[b0][j] == mu[2 * q + j, 8 * nblk + g]
                     assert frag[b1][j] == mu[2 * q + j + 8, 8 * nblk + g]
+
+
+def test_blocked_means_are_the_k_major_core_matrix_layout_the_vs3_descriptor_names():
+    """pingpong-2lvl-vs3's wgmma reads a batch's means (16 tiles x 128 channels, fp16) through a
+    no-swizzle K-major descriptor: 8 rows x 16 bytes core matrices, LBO bytes apart along k
+    (the tile) and SBO bytes apart along n (the channel). Element (k, n) is then at byte
+    (n // 8) SBO + (k // 8) LBO + (n % 8) 16 + (k % 8) 2: walk that byte address for every
+    element and find it where blocked_means put it; padding tiles are zero."""
+    import torch
+
+    src = (compiled.CSRC / compiled.SOURCES[0]).read_text()
+    desc = src[src.index("uint64_t desc_means("):]
+    desc = desc[:desc.index("}")]
+    lbo, sbo = (int(x) for x in re.findall(r"static_cast<uint64_t>\((\d+) >> 4\)", desc))
+    tiles = 21  # one full batch and a partial one
+    v_mean = torch.arange(2 * 3 * tiles * 128, dtype=torch.float32).view(2, 3, tiles, 128).half()
+    blocked = compiled.blocked_means(v_mean)
+    assert blocked.shape == (2, 3, 32, 128)
+    flat = blocked.view(2, 3, 2, 16 * 128)  # per batch, in element units
+    for b, h, batch in ((0, 0, 0), (1, 2, 1)):
+        for k in range(16):
+            for n in range(128):
+                byte = (n // 8) * sbo + (k // 8) * lbo + (n % 8) * 16 + (k % 8) * 2
+                tile = 16 * batch + k
+                want = v_mean[b, h, tile, n] if tile < tiles else 0.0
+                assert flat[b, h, batch, byte // 2] == want, (k, n)
+    assert compiled.VARIANTS[compiled.BLOCKED_MEANS_VARIANT] == int(
+        re.search(r"VARIANT_BLOCKED_MEANS = (\d+)", (compiled.CSRC / compiled.HEADERS[0]).read_text()).group(1))
+
+
+def test_python_variants_are_the_kernel_s_variant_names_in_order():
+    src = (compiled.CSRC / compiled.SOURCES[0]).read_text()
+    names = src[src.index("VARIANT_NAMES[N_VARIANTS] = {"):]
+    names = re.findall(r'"([a-z0-9-]+)"', names[:names.index("};")])
+    assert names == list(compiled.VARIANTS) and list(compiled.VARIANTS.values()) == list(range(len(names)))

@@ -17,7 +17,8 @@ turns on the tensor core, and within one the softmax of tile j overlaps PV of ti
 ping-pong analysis (docs/perf.md, "why ping-pong did not overlap"): "simple-sat" and
 "pingpong-2lvl-sat" (ExpCast's clamp folded into FFMA.SAT, bit-identical codes),
 "pingpong-2lvl-vs" (pingpong-2lvl-sat scheduled for V-Smooth), "pingpong-2lvl-vs2"
-(V-Smooth's bookkeeping cut further); see VARIANTS' comment for the accumulation each uses.
+(V-Smooth's bookkeeping cut further), "pingpong-2lvl-vs3" (V-Smooth's mean product as a wgmma);
+see VARIANTS' comment for the accumulation each uses.
 The grouped ("pingpong-g4-sat") and I2FP-free ("-sati") variants lost on the H200 and were
 removed (docs/perf.md, session 13).
 """
@@ -56,10 +57,19 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # under their wait (ExpCast: after the batch's last merge, as before; its 68-register PV block
 # leaves no room there). The accumulator sees the same operations in the same order: the same
 # output bits as pingpong-2lvl-vs.
+# "pingpong-2lvl-vs3": pingpong-2lvl-vs2 with V-Smooth's mean product as one f16 wgmma issued in
+# the warpgroup's turn (into the PV block of the tile after the batch, weighted against that
+# tile's max) instead of mma.sync beside the turn: ping-pong's V-Smooth cost (10-15 ms against
+# simple's 0.5) is suspected to be the mma.sync waiting for the other warpgroup's wgmmas on the
+# tensor core (benchmarks/vsmooth_probe.sh measures it). It reads the means blocked
+# (`blocked_means`). Not the same accumulator bits as -vs2 (other weights' reference max).
 VARIANTS = {"simple": 0, "pingpong": 1, "pingpong-2lvl": 2, "simple-direct": 3,
-            "pingpong-2lvl-sat": 4, "simple-sat": 5, "pingpong-2lvl-vs": 6, "pingpong-2lvl-vs2": 7}
+            "pingpong-2lvl-sat": 4, "simple-sat": 5, "pingpong-2lvl-vs": 6, "pingpong-2lvl-vs2": 7,
+            "pingpong-2lvl-vs3": 8}
+BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3"  # the .cuh's VARIANT_BLOCKED_MEANS
 TWO_LEVEL_VARIANTS = ("simple", "pingpong-2lvl", "pingpong-2lvl-sat", "simple-sat",
-                      "pingpong-2lvl-vs", "pingpong-2lvl-vs2")
+                      "pingpong-2lvl-vs", "pingpong-2lvl-vs2", "pingpong-2lvl-vs3")
+MEAN_BATCH = 16  # tiles per V-Smooth flush (the .cu's MEAN_BATCH)
 DEFAULT_VARIANT = "simple"
 
 
@@ -268,6 +278,22 @@ def arguments(ops, plan) -> dict:
                 log2_p_scale=0.0 if expcast else math.log2(float(plan.p.scale)))
 
 
+def blocked_means(v_mean):
+    """V-Smooth's block means (B, H, tiles, 128) fp16 as pingpong-2lvl-vs3 reads them: tiles
+    zero-padded to whole batches of MEAN_BATCH, and each batch's 16 x 128 block laid out as
+    wgmma's K-major B operand without swizzle, 8 x 8 core matrices: element (tile k, channel n)
+    of a batch at (n // 8) * 128 + (k // 8) * 64 + (n % 8) * 8 + k % 8 (in elements). Shape
+    (B, H, padded tiles, 128)."""
+    import torch
+
+    b, h, t, d = v_mean.shape
+    padded = -(-t // MEAN_BATCH) * MEAN_BATCH
+    x = torch.zeros(b, h, padded, d, dtype=v_mean.dtype, device=v_mean.device)
+    x[:, :, :t] = v_mean
+    x = x.view(b, h, padded // MEAN_BATCH, 2, 8, d // 8, 8)  # batch, k // 8, k % 8, n // 8, n % 8
+    return x.permute(0, 1, 2, 5, 3, 6, 4).contiguous().view(b, h, padded, d)
+
+
 def run(ops, plan, out, variant: str | int | None = None, probe_ok: bool = False):
     """Attention of prepared operands into `out` (B, H, N, D), bf16/fp16, any strides with a
     unit last stride. Raises RuntimeError with `status()` when the kernel cannot run here.
@@ -280,8 +306,11 @@ def run(ops, plan, out, variant: str | int | None = None, probe_ok: bool = False
         raise RuntimeError(reason)
     variant = default_variant(plan) if variant is None else variant
     v = VARIANTS[variant] if isinstance(variant, str) else int(variant)
+    means = ops.v_mean
+    if means is not None and v == VARIANTS[BLOCKED_MEANS_VARIANT]:
+        means = blocked_means(means)  # a small copy per call (an experiment's variant)
     return module.forward(ops.q, ops.q_scale, ops.k, ops.k_scale, ops.v_t, ops.v_scale,
-                          ops.v_mean, out, variant=v, **arguments(ops, plan))
+                          means, out, variant=v, **arguments(ops, plan))
 
 
 def main(argv: list[str] | None = None) -> int:

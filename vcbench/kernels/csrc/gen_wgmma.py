@@ -1,4 +1,4 @@
-"""Writes wgmma_sm90.cuh: the inline-PTX wrappers for the three wgmma shapes the kernel issues.
+"""Writes wgmma_sm90.cuh: the inline-PTX wrappers for the wgmma shapes the kernel issues.
 
 Each wgmma names every accumulator register as an operand (64 or 68 of them), which is
 tedious and error-prone to type, so this script spells them out. Run it after changing a
@@ -96,8 +96,33 @@ __device__ __forceinline__ void wgmma_e4m3_rs_n{n}_first(float (&d)[{nacc}], uin
 """
 
 
+def f16_rs(n):
+    """V-Smooth's mean product as a wgmma ("pingpong-2lvl-vs3"): the tiles' weights (fp16, the
+    A fragment of mma.m16n8k16 per warp) times the batch's means (fp16, K-major, no swizzle),
+    added to the first 64 registers of a 64- or 68-register accumulator."""
+    nacc = n // 2
+    outs = ",\n        ".join(", ".join(f'"+f"(d[{i}])' for i in range(j, min(j + 8, nacc)))
+                             for j in range(0, nacc, 8))
+    return f"""
+// D(f32, 64x{n}) += A(f16, 64x16, registers: 4 x 2 halves per thread) * B(f16, 16x{n}, shared
+// memory, K-major, no swizzle). Always accumulates; D is the first {nacc} registers of d.
+template <int NACC>
+__device__ __forceinline__ void wgmma_f16_rs_n{n}(float (&d)[NACC], const uint32_t (&a)[4],
+                                                uint64_t desc_b) {{
+  static_assert(NACC >= {nacc}, "accumulator too small");
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs(nacc)}}}, "
+      "{{%{nacc}, %{nacc + 1}, %{nacc + 2}, %{nacc + 3}}}, %{nacc + 4}, p, 1, 1, 0;\\n}}\\n"
+      : {outs}
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}}
+"""
+
+
 def main():
-    text = HEADER + s8_ss_first(128) + s8_ss(128) + e4m3_rs(128) + e4m3_rs(136) + e4m3_rs_first(128) + e4m3_rs_first(136) + "\n}  // namespace vc\n"
+    text = (HEADER + s8_ss_first(128) + s8_ss(128) + e4m3_rs(128) + e4m3_rs(136) + e4m3_rs_first(128)
+            + e4m3_rs_first(136) + f16_rs(128) + "\n}  // namespace vc\n")
     Path(__file__).with_name("wgmma_sm90.cuh").write_text(text)
 
 

@@ -490,12 +490,11 @@ __device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbu
 // FULL: a complete batch of 16, whose reference max is the one stored with its last tile
 // (slot 15: the max the accumulator was referenced to when that tile was merged), so the
 // caller keeps no copy of it. Same arithmetic as mean_flush: f16(r_t * ex2(m_t - m_ref)).
-template <bool FULL, int NACC>
-__device__ __forceinline__ void mean_flush4(float (&acc)[NACC], const float4* rb, uint32_t mbuf,
-                                            const float (&m_last)[2], int count, int lane) {
-#ifdef VC_PROBE_NO_MEAN_FLUSH  // timing probe (compiled.PROBES): wrong outputs by design
-  return;
-#endif
+// The A fragment of a batch's mean product (mma.m16n8k16's A layout per warp, which is also
+// wgmma's register A): f16(r_t * ex2(m_t - m_ref)) for slots t < count, 0 beyond.
+template <bool FULL>
+__device__ __forceinline__ void mean_weights4(uint32_t (&a)[4], const float4* rb,
+                                              const float (&m_last)[2], int count, int lane) {
   const int q = lane & 3;
   __syncwarp();
   float m_ref[2];
@@ -507,7 +506,6 @@ __device__ __forceinline__ void mean_flush4(float (&acc)[NACC], const float4* rb
     m_ref[0] = m_last[0];
     m_ref[1] = m_last[1];
   }
-  uint32_t a[4];
 #pragma unroll
   for (int hk = 0; hk < 2; ++hk) {
     float v[2][2];
@@ -522,8 +520,42 @@ __device__ __forceinline__ void mean_flush4(float (&acc)[NACC], const float4* rb
     a[2 * hk + 1] = f16x2(v[1][1], v[1][0]);
   }
   __syncwarp();  // every read done before slot 0 is written again
+}
+
+template <bool FULL, int NACC>
+__device__ __forceinline__ void mean_flush4(float (&acc)[NACC], const float4* rb, uint32_t mbuf,
+                                            const float (&m_last)[2], int count, int lane) {
+#ifdef VC_PROBE_NO_MEAN_FLUSH  // timing probe (compiled.PROBES): wrong outputs by design
+  return;
+#endif
+  uint32_t a[4];
+  mean_weights4<FULL>(a, rb, m_last, count, lane);
   mean_mma(acc, a, mbuf, lane);
 }
+
+// VS3 ("pingpong-2lvl-vs3"): the mean product as one wgmma (m64n128k16, f16) issued in the
+// warpgroup's turn beside its QK and PV products, instead of mma.sync on the CUDA-core side of
+// the turn. Its B operand is the batch's means in the layout of compiled.blocked_means: K-major
+// 8 x 8 core matrices, 128 bytes apart along the tiles (LBO) and 256 along the channels (SBO).
+__device__ __forceinline__ uint64_t desc_means(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(128 >> 4) << 16) |
+         (static_cast<uint64_t>(256 >> 4) << 32);
+}
+
+// A compile-time bool as a value, to pick one of two straight-line copies of a loop body.
+template <bool B>
+struct Flag {
+  static constexpr bool value = B;
+};
+
+// What of VS3's flush is compiled in: all of it, except in the timing probes (compiled.PROBES).
+#if defined(VC_PROBE_NO_MEAN_FLUSH)
+constexpr bool VS3_WEIGHTS = false, VS3_PRODUCT = false;
+#elif defined(VC_PROBE_NO_MEAN_MMA)
+constexpr bool VS3_WEIGHTS = true, VS3_PRODUCT = false;
+#else
+constexpr bool VS3_WEIGHTS = true, VS3_PRODUCT = true;
+#endif
 
 // Tile j's row sums r_j (ExpCast: column 128 of the PV accumulator, read by the q == 0 lanes
 // (the others read zero columns); exp2 path: the FP32 sums the softmax left in rsum).
@@ -607,7 +639,7 @@ __device__ __forceinline__ void land_direct(float (&acc)[NA], float (&l)[2],
 // ptxas left it with its use right behind it: an exposed global-load latency every tile), and
 // the flush's two 128-thread barriers replaced by __syncwarp (its data is warp-local).
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES,
-          bool SAT = false, bool VSX = false, bool VS2 = false>
+          bool SAT = false, bool VSX = false, bool VS2 = false, bool VS3 = false>
 __global__ void __launch_bounds__(THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
@@ -672,7 +704,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         int mean_tiles = 0;
         if (VSMOOTH && j % MEAN_BATCH == 0) {
           mean_tiles = min(MEAN_BATCH, n_tiles - j);
-          bytes += mean_tiles * D * 2;
+          bytes += (VS3 ? MEAN_BATCH : mean_tiles) * D * 2;
         }
         mbar_expect_tx(full(st), bytes);
         const uint32_t s_k = s_stage + st * C::STAGE_BYTES;
@@ -681,9 +713,12 @@ __global__ void __launch_bounds__(THREADS, 1)
         tma_load_4d(s_k + C::K_BYTES / 2, &tm_k1, full(st), 0, 0, 0, g0);  // 16G + 4q + {2,3}
         tma_load_2d(s_k + C::K_BYTES, &tm_v, full(st), j * BN, bh * D);
         if (VSMOOTH && mean_tiles > 0) {
-          const __half* src = prm.v_mean + (static_cast<size_t>(bh) * n_tiles + j) * D;
+          // VS3: the means come blocked (compiled.blocked_means), whole batches, zero-padded
+          const int copied = VS3 ? MEAN_BATCH : mean_tiles;
+          const int rows = VS3 ? (n_tiles + MEAN_BATCH - 1) / MEAN_BATCH * MEAN_BATCH : n_tiles;
+          const __half* src = prm.v_mean + (static_cast<size_t>(bh) * rows + j) * D;
           bulk_load(s_mbuf + ((j / MEAN_BATCH) & 1) * (MEAN_BATCH * D * 2), src,
-                    mean_tiles * D * 2, full(st));
+                    copied * D * 2, full(st));
         }
       }
     }
@@ -818,7 +853,19 @@ __global__ void __launch_bounds__(THREADS, 1)
           // - 32: cheap for ptxas to rematerialize at the store (it has no register to keep it)
           float4* rb4 = reinterpret_cast<float4*>(smem + C::RBUF_OFF) + (threadIdx.x >> 2) - 32;
           const bool rb_writer = !EXPCAST || q == 0;
-          constexpr bool SHADOW = !EXPCAST;
+          constexpr bool SHADOW = !EXPCAST && !VS3;
+          // VS3: a complete batch (tiles j - 17 .. j - 2 in iteration j) is weighted against
+          // tile j - 1's max m_prev before the turn and its product issued in the turn into
+          // tile j - 1's PV block, which the merge then rescales and adds like the rest.
+          auto mean_due = [&](int j) {
+            return VS3 && VSMOOTH && j > MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 1;
+          };
+          // the mean product of the batch holding tile batch_tile, added into d (64 or 68 regs)
+          auto mean_product = [&](auto& d, const uint32_t (&w)[4], int batch_tile) {
+            if constexpr (VS3 && VSMOOTH && VS3_PRODUCT)
+              wgmma_f16_rs_n128(d, w,
+                                desc_means(s_mbuf + ((batch_tile >> 4) & 1) * (MEAN_BATCH * D * 2)));
+          };
           auto flush_pending = [&](int j) {  // in iteration j: batch of tiles j - 17 .. j - 2
             if constexpr (VSMOOTH) {
               if (j > MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 1)
@@ -846,8 +893,14 @@ __global__ void __launch_bounds__(THREADS, 1)
                 rb4[(t & (MEAN_BATCH - 1)) * 64] = make_float4(r[0], m_prev[0], r[1], m_prev[1]);
             }
           };
-          for (int j = 1; j < n_tiles; ++j) {
+          // One iteration; MEAN (VS3): this turn also issues a batch's mean product. The two
+          // kinds are separate straight paths: a wgmma under its own branch inside one made
+          // ptxas serialize every wgmma of the loop (C7520).
+          auto iteration = [&](int j, auto mean) {
+            constexpr bool MEAN = decltype(mean)::value;
             const int st = j % STAGES, prev = (j - 1) % STAGES;
+            uint32_t mw[4];
+            if constexpr (MEAN && VS3_WEIGHTS) mean_weights4<false>(mw, rb4, m_prev, MEAN_BATCH, lane);
             mbar_wait(full(st), (j / STAGES) & 1);
             named_sync(my_turn, 256);
             float pv[C::NACC];
@@ -856,6 +909,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             issue_qk(s, desc_q, desc_k(st));
             wgmma_commit();
             issue_pv<true>(pv, p, desc_v(prev));
+            if constexpr (MEAN) mean_product(pv, mw, j - 2);
             wgmma_commit();
             named_arrive(their_turn, 256);
             if constexpr (SHADOW) flush_pending(j);
@@ -867,7 +921,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             reg_fence(p);
             mbar_arrive(empty(prev));
             land_vs2(pv, j - 1);
-            if constexpr (!SHADOW) flush_landed(j - 1);
+            if constexpr (!SHADOW && !VS3) flush_landed(j - 1);
             softmax_ks(j, ks_j);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -876,13 +930,26 @@ __global__ void __launch_bounds__(THREADS, 1)
               m_prev[h] = m[h];
             }
             pack_p(p, s);
+          };
+          for (int j = 1; j < n_tiles; ++j) {
+            if (mean_due(j))
+              iteration(j, Flag<true>{});
+            else
+              iteration(j, Flag<false>{});
           }
           const int last = n_tiles - 1;
+          // the final turn, again as two straight paths; MEAN: the batch that ended with tile
+          // last - 1 is complete and its product joins tile last's
+          auto final_turn = [&](auto mean) {
+          constexpr bool MEAN = decltype(mean)::value;
+          uint32_t mw[4];
+          if constexpr (MEAN && VS3_WEIGHTS) mean_weights4<false>(mw, rb4, m_prev, MEAN_BATCH, lane);
           named_sync(my_turn, 256);
           float pv[C::NACC];
           reg_fence(p);
           wgmma_fence();
           issue_pv<true>(pv, p, desc_v(last % STAGES));
+          if constexpr (MEAN) mean_product(pv, mw, last - 1);
           wgmma_commit();
           if (cw == 0) named_arrive(their_turn, 256);
           if constexpr (SHADOW) flush_pending(last + 1);  // the batch that ended with tile last - 1
@@ -891,9 +958,25 @@ __global__ void __launch_bounds__(THREADS, 1)
           reg_fence(p);
           mbar_arrive(empty(last % STAGES));
           land_vs2(pv, last);
-          if constexpr (VSMOOTH)
+          };
+          if (mean_due(last + 1))
+            final_turn(Flag<true>{});
+          else
+            final_turn(Flag<false>{});
+          if constexpr (VSMOOTH && VS3) {  // the last batch, against the final max, into acc
+            uint32_t mw[4] = {0u, 0u, 0u, 0u};
+            if constexpr (VS3_WEIGHTS)
+              mean_weights4<false>(mw, rb4, m_prev, (last & (MEAN_BATCH - 1)) + 1, lane);
+            reg_fence(acc);
+            wgmma_fence();
+            mean_product(acc, mw, last);
+            wgmma_commit();
+            wgmma_wait<0>();
+            reg_fence(acc);
+          } else if constexpr (VSMOOTH) {
             mean_flush4<false>(acc, rb4, s_mbuf + ((last >> 4) & 1) * (MEAN_BATCH * D * 2),
                                m_prev, (last & (MEAN_BATCH - 1)) + 1, lane);
+          }
         } else {
         for (int j = 1; j < n_tiles; ++j) {
           const int st = j % STAGES, prev = (j - 1) % STAGES;
@@ -1067,11 +1150,11 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
 }
 
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES, bool SAT = false,
-          bool VSX = false, bool VS2 = false>
+          bool VSX = false, bool VS2 = false, bool VS3 = false>
 struct Variant {
   using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES>;
   static constexpr auto kernel =
-      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, VSX, VS2>;
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, VSX, VS2, VS3>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
@@ -1109,17 +1192,22 @@ struct Variant {
 //   7 pingpong-2lvl-vs2  as 6, V-Smooth's (r, m) stored as one float4 per lane quad at an
 //                        address from j alone, and a complete batch's mean MMA issued after
 //                        the next turn's wgmmas, under their wait: same numerics as 6
+//   8 pingpong-2lvl-vs3  as 7, the mean product one f16 wgmma in the turn (into the PV block
+//                        of the tile after the batch, weighted against that tile's max), the
+//                        means blocked (compiled.blocked_means): no mma.sync
 // (SAT changes only ExpCast: with exp2 the "-sat" variants run the same code as without.)
-constexpr int N_VARIANTS = 8;
+constexpr int N_VARIANTS = 9;
+static_assert(VARIANT_BLOCKED_MEANS == 8, "pingpong-2lvl-vs3 reads the means blocked");
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {
     "simple", "pingpong", "pingpong-2lvl", "simple-direct", "pingpong-2lvl-sat", "simple-sat",
-    "pingpong-2lvl-vs", "pingpong-2lvl-vs2"};
+    "pingpong-2lvl-vs", "pingpong-2lvl-vs2", "pingpong-2lvl-vs3"};
 constexpr int STAGES_ALL = 3;
 
-template <bool PINGPONG, bool TWO_LEVEL, bool SAT = false, bool VSX = false, bool VS2 = false>
+template <bool PINGPONG, bool TWO_LEVEL, bool SAT = false, bool VSX = false, bool VS2 = false,
+          bool VS3 = false>
 struct Family {
   template <bool E, bool V>
-  using Of = Variant<E, V, PINGPONG, TWO_LEVEL, STAGES_ALL, SAT, VSX, VS2>;
+  using Of = Variant<E, V, PINGPONG, TWO_LEVEL, STAGES_ALL, SAT, VSX, VS2, VS3>;
 
   static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
                             const Params& prm, dim3 grid, cudaStream_t stream) {
@@ -1210,6 +1298,9 @@ const char* forward(const ForwardArgs& a) {
     case 7:
       return Family<true, true, true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid,
                                                           stream);
+    case VARIANT_BLOCKED_MEANS:
+      return Family<true, true, true, true, true, true>::launch(a.expcast, vsmooth, maps, prm,
+                                                                grid, stream);
     default: return Family<false, false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
   }
 }
@@ -1225,6 +1316,7 @@ const char* describe() {
   Family<false, true, true>::describe(text, sizeof(text), VARIANT_NAMES[5]);
   Family<true, true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[6]);
   Family<true, true, true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[7]);
+  Family<true, true, true, true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[8]);
   return text;
 }
 
