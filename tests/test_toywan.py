@@ -382,8 +382,11 @@ def test_packaged_weights_follow_a_held_out_caption_and_its_direction_word(packa
 def test_check_run_folder_goes_into_the_report_and_strict_fails_untrained_weights(tmp_path, capsys):
     from vcbench.report.assemble import build_report
 
-    train(tmp_path / "w", steps=1, batch=1, layers=1, log_every=1, check=False)
+    result = train(tmp_path / "w", steps=1, batch=1, layers=1, log_every=1)  # with its check
     weights = tmp_path / "w" / "toywan.safetensors"
+    err = capsys.readouterr().err  # an untrained model: the trainer warns, and keeps the weights
+    assert result["check"]["trained"]["score"] < 0.7 and weights.is_file()
+    assert err.count("\n") == 1 and err.startswith("warning: these weights pass the caption check")
     with pytest.raises(SystemExit) as e:
         main(["check-tiny", "--weights", str(weights), "--strict", "--out", str(tmp_path / "check")])
     err = capsys.readouterr().err

@@ -329,6 +329,14 @@ def run_check(weights: Path, config: dict, dev: torch.device) -> dict:
     print(f"check: trained {trained['score']:.2f} (colour {trained['colour']:.2f}, direction "
           f"{trained['direction']:.2f}), random {random['score']:.2f} "
           f"(required {trained['required']:.2f})", flush=True)
+    if trained["score"] < trained["required"]:
+        # 1 of 8 H200 seeds missed the direction word with the defaults (docs/perf.md, "ToyWan
+        # seeds"); the weights are written anyway, so say it where it cannot be missed
+        print(f"warning: these weights pass the caption check on {trained['score']:.2f} of the "
+              f"captions, under the {trained['required']:.2f} required (colour "
+              f"{trained['colour']:.2f}, direction {trained['direction']:.2f}); another --seed, or "
+              f"--high-noise 0.4 or --position-std 0.5, learned it where this recipe did not",
+              file=sys.stderr, flush=True)
     return {"trained": trained, "random": random, "device": str(dev)}
 
 
