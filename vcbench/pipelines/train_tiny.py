@@ -6,8 +6,9 @@
 Objective, as Wan trains: x_t = (1 - s) x_0 + s n, the transformer predicts n - x_0 at
 timestep 1000 s; s is uniform, warped by the same shift the UniPC sampler uses, so training
 sees the noise levels sampling visits, except that a quarter of each batch (HIGH_NOISE) is drawn
-from sigma in [0.97, 1], where the caption's direction word is learned. By default the network predicts x_0 and its forward
-returns the velocity (toywan.XPredWanTransformer), so the loss is still Wan's velocity loss.
+from sigma in [0.97, 1], where the caption's direction word is learned. By default the network
+predicts x_0 and its forward returns the velocity (toywan.XPredWanTransformer), so the loss is
+still Wan's velocity loss.
 Shape pixels weigh 1 + SHAPE_WEIGHT in that loss at noise levels up to SHAPE_SIGMA (see
 `shape_gate` for why not above): the data knows each clip's shape mask, and the patchify VAE
 maps a pixel weight exactly onto latent elements (`on_shape`). Captions are dropped to the
@@ -61,8 +62,8 @@ MOTION_COLOUR_RADIUS = 0.6  # RGB distance at which a pixel stops counting as th
 # The direction word only matters near pure noise (below sigma ~0.97 the noisy clip already
 # shows the trajectory; docs/toywan/cpu-experiments.md), and the shifted-uniform sigma puts ~6%
 # of a batch at sigma >= 0.98. HIGH_NOISE of each batch is redrawn uniformly from this band, so
-# more of the gradient carries the word: on the H200 (docs/perf.md, "ToyWan seeds") 4 of 4
-# seeds learned it with 0.25, where 3 of 4 runs without it did not.
+# more of the gradient carries the word: on the H200 (docs/perf.md, "ToyWan seeds") 7 of 8
+# seeds learned it with 0.25, 1 of 4 without.
 HIGH_NOISE_BAND = (0.97, 1.0)
 HIGH_NOISE = 0.25
 
@@ -122,8 +123,9 @@ def draw_sigmas(g: torch.Generator, batch: int, shift: float, high_noise: float 
                 sigma_floor: float = 0.0) -> torch.Tensor:
     """Noise levels of one batch (float64, CPU): uniform u warped by the sampler's shift,
     s = shift u / (1 + (shift - 1) u); with `high_noise` > 0 that share of the clips is redrawn
-    uniformly in HIGH_NOISE_BAND (two more draws from g, made only then, so a default run's
-    random stream is unchanged); `sigma_floor` maps [0, 1] onto [floor, 1] (experiments)."""
+    uniformly in HIGH_NOISE_BAND (two more draws from g, made only then, so a run with 0 keeps
+    the random stream of the runs before the option); `sigma_floor` maps [0, 1] onto [floor, 1]
+    (experiments)."""
     u = torch.rand(batch, generator=g).double()
     s = shift * u / (1 + (shift - 1) * u)
     if high_noise:
