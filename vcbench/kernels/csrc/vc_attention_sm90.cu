@@ -941,23 +941,23 @@ __global__ void __launch_bounds__(THREADS, 1)
           // the final turn, again as two straight paths; MEAN: the batch that ended with tile
           // last - 1 is complete and its product joins tile last's
           auto final_turn = [&](auto mean) {
-          constexpr bool MEAN = decltype(mean)::value;
-          uint32_t mw[4];
-          if constexpr (MEAN && VS3_WEIGHTS) mean_weights4<false>(mw, rb4, m_prev, MEAN_BATCH, lane);
-          named_sync(my_turn, 256);
-          float pv[C::NACC];
-          reg_fence(p);
-          wgmma_fence();
-          issue_pv<true>(pv, p, desc_v(last % STAGES));
-          if constexpr (MEAN) mean_product(pv, mw, last - 1);
-          wgmma_commit();
-          if (cw == 0) named_arrive(their_turn, 256);
-          if constexpr (SHADOW) flush_pending(last + 1);  // the batch that ended with tile last - 1
-          wgmma_wait<0>();
-          reg_fence(pv);
-          reg_fence(p);
-          mbar_arrive(empty(last % STAGES));
-          land_vs2(pv, last);
+            constexpr bool MEAN = decltype(mean)::value;
+            uint32_t mw[4];
+            if constexpr (MEAN && VS3_WEIGHTS) mean_weights4<false>(mw, rb4, m_prev, MEAN_BATCH, lane);
+            named_sync(my_turn, 256);
+            float pv[C::NACC];
+            reg_fence(p);
+            wgmma_fence();
+            issue_pv<true>(pv, p, desc_v(last % STAGES));
+            if constexpr (MEAN) mean_product(pv, mw, last - 1);
+            wgmma_commit();
+            if (cw == 0) named_arrive(their_turn, 256);
+            if constexpr (SHADOW) flush_pending(last + 1);  // the batch that ended with tile last - 1
+            wgmma_wait<0>();
+            reg_fence(pv);
+            reg_fence(p);
+            mbar_arrive(empty(last % STAGES));
+            land_vs2(pv, last);
           };
           if (mean_due(last + 1))
             final_turn(Flag<true>{});
