@@ -581,6 +581,13 @@ __device__ __forceinline__ void merge_tile(float (&acc)[64], const float (&pv)[N
   l[1] = l[1] * alpha[1] + r[1];
 }
 
+// The shared-memory buffer of batch `batch` (tiles MEAN_BATCH * batch ...): two buffers that
+// alternate. Callers pass tile / MEAN_BATCH or, where the tile is known to be >= 0, tile >> 4
+// (each as the measured variants compute it).
+__device__ __forceinline__ uint32_t mean_buffer(uint32_t mbuf_base, int batch) {
+  return mbuf_base + (batch & 1) * (MEAN_BATCH * D * 2);
+}
+
 // V-Smooth's bookkeeping once tile j's product is in the accumulator: (r_j, m_j) into this
 // warpgroup's slots (m_j: the max P_j was encoded against, which is also the max the
 // accumulator is referenced to right now), and the mean MMA when a batch of 16 is complete.
@@ -596,8 +603,7 @@ __device__ __forceinline__ void vsmooth_tile(float (&acc)[NACC], const float (&r
     rbuf[t * 64 + row + 8] = make_float2(r[1], m_j[1]);
   }
   if (t == MEAN_BATCH - 1 || j == n_tiles - 1) {
-    const uint32_t mbuf = mbuf_base + ((j / MEAN_BATCH) & 1) * (MEAN_BATCH * D * 2);
-    mean_flush<NACC, WARP_SYNC>(acc, rbuf, mbuf, m_j, t + 1, cw, warp, lane);
+    mean_flush<NACC, WARP_SYNC>(acc, rbuf, mean_buffer(mbuf_base, j / MEAN_BATCH), m_j, t + 1, cw, warp, lane);
   }
 }
 
@@ -717,8 +723,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           const int copied = VS3 ? MEAN_BATCH : mean_tiles;
           const int rows = VS3 ? (n_tiles + MEAN_BATCH - 1) / MEAN_BATCH * MEAN_BATCH : n_tiles;
           const __half* src = prm.v_mean + (static_cast<size_t>(bh) * rows + j) * D;
-          bulk_load(s_mbuf + ((j / MEAN_BATCH) & 1) * (MEAN_BATCH * D * 2), src,
-                    copied * D * 2, full(st));
+          bulk_load(mean_buffer(s_mbuf, j / MEAN_BATCH), src, copied * D * 2, full(st));
         }
       }
     }
@@ -840,6 +845,35 @@ __global__ void __launch_bounds__(THREADS, 1)
         pack_p(p, s);
         float a_prev[2] = {alpha[0], alpha[1]}, r_prev[2] = {rsum[0], rsum[1]},
               m_prev[2] = {m[0], m[1]};
+        // Iteration j's turn (prev: tile j - 1's stage): tile j's K and V landed, the turn taken,
+        // QK_j and PV_{j-1} (into
+        // the fresh block pv, with whatever `also` adds to PV's group) committed, the turn
+        // handed over. pv and the extra wgmmas' operands come in as arguments: an accumulator
+        // captured by a lambda that also received it made ptxas serialize the wgmmas (C7511).
+        auto take_turn = [&](int j, int prev, float (&pv)[C::NACC], auto&& also) {
+          const int st = j % STAGES;
+          mbar_wait(full(st), (j / STAGES) & 1);
+          named_sync(my_turn, 256);
+          reg_fence(p);
+          wgmma_fence();
+          issue_qk(s, desc_q, desc_k(st));
+          wgmma_commit();
+          issue_pv<true>(pv, p, desc_v(prev));
+          also(pv);
+          wgmma_commit();
+          named_arrive(their_turn, 256);
+        };
+        // The last turn: PV of the last tile only; warpgroup 1 does not hand over after it.
+        auto take_last_turn = [&](float (&pv)[C::NACC], auto&& also) {
+          named_sync(my_turn, 256);
+          reg_fence(p);
+          wgmma_fence();
+          issue_pv<true>(pv, p, desc_v((n_tiles - 1) % STAGES));
+          also(pv);
+          wgmma_commit();
+          if (cw == 0) named_arrive(their_turn, 256);
+        };
+        auto nothing = [](float (&)[C::NACC]) {};
         if constexpr (VS2) {
           // As VSX, with V-Smooth's bookkeeping rearranged (same numerics): tile j-1's (r, m)
           // stored as one float4 at a slot address computed from j alone (no flush branch after
@@ -857,21 +891,20 @@ __global__ void __launch_bounds__(THREADS, 1)
           // VS3: a complete batch (tiles j - 17 .. j - 2 in iteration j) is weighted against
           // tile j - 1's max m_prev before the turn and its product issued in the turn into
           // tile j - 1's PV block, which the merge then rescales and adds like the rest.
+          // in iteration j, the batch of tiles j - 17 .. j - 2 is complete (flush_pending's test;
+          // one shared predicate changed the measured -vs2's SASS, so each spells it out)
           auto mean_due = [&](int j) {
             return VS3 && VSMOOTH && j > MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 1;
           };
           // the mean product of the batch holding tile batch_tile, added into d (64 or 68 regs)
           auto mean_product = [&](auto& d, const uint32_t (&w)[4], int batch_tile) {
             if constexpr (VS3 && VSMOOTH && VS3_PRODUCT)
-              wgmma_f16_rs_n128(d, w,
-                                desc_means(s_mbuf + ((batch_tile >> 4) & 1) * (MEAN_BATCH * D * 2)));
+              wgmma_f16_rs_n128(d, w, desc_means(mean_buffer(s_mbuf, batch_tile >> 4)));
           };
-          auto flush_pending = [&](int j) {  // in iteration j: batch of tiles j - 17 .. j - 2
+          auto flush_pending = [&](int j) {
             if constexpr (VSMOOTH) {
               if (j > MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 1)
-                mean_flush4<true>(acc, rb4,
-                                  s_mbuf + (((j - 2) >> 4) & 1) * (MEAN_BATCH * D * 2), m_prev,
-                                  MEAN_BATCH, lane);
+                mean_flush4<true>(acc, rb4, mean_buffer(s_mbuf, (j - 2) >> 4), m_prev, MEAN_BATCH, lane);
             }
           };
           // ExpCast: its 68-register PV block (the row-sum column) leaves no room for the flush
@@ -880,8 +913,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           auto flush_landed = [&](int t) {
             if constexpr (VSMOOTH) {
               if ((t & (MEAN_BATCH - 1)) == MEAN_BATCH - 1)
-                mean_flush4<true>(acc, rb4, s_mbuf + ((t >> 4) & 1) * (MEAN_BATCH * D * 2),
-                                  m_prev, MEAN_BATCH, lane);
+                mean_flush4<true>(acc, rb4, mean_buffer(s_mbuf, t >> 4), m_prev, MEAN_BATCH, lane);
             }
           };
           auto land_vs2 = [&](const float (&pvb)[C::NACC], int t) {
@@ -898,20 +930,13 @@ __global__ void __launch_bounds__(THREADS, 1)
           // ptxas serialize every wgmma of the loop (C7520).
           auto iteration = [&](int j, auto mean) {
             constexpr bool MEAN = decltype(mean)::value;
-            const int st = j % STAGES, prev = (j - 1) % STAGES;
+            const int prev = (j - 1) % STAGES;
             uint32_t mw[4];
             if constexpr (MEAN && VS3_WEIGHTS) mean_weights4<false>(mw, rb4, m_prev, MEAN_BATCH, lane);
-            mbar_wait(full(st), (j / STAGES) & 1);
-            named_sync(my_turn, 256);
             float pv[C::NACC];
-            reg_fence(p);
-            wgmma_fence();
-            issue_qk(s, desc_q, desc_k(st));
-            wgmma_commit();
-            issue_pv<true>(pv, p, desc_v(prev));
-            if constexpr (MEAN) mean_product(pv, mw, j - 2);
-            wgmma_commit();
-            named_arrive(their_turn, 256);
+            take_turn(j, prev, pv, [&](float (&d)[C::NACC]) {
+              if constexpr (MEAN) mean_product(d, mw, j - 2);
+            });
             if constexpr (SHADOW) flush_pending(j);
             // after the flush (one register less beside it), still under the wgmma wait
             const float ks_j = ldg_pinned(k_scale + j);
@@ -944,14 +969,10 @@ __global__ void __launch_bounds__(THREADS, 1)
             constexpr bool MEAN = decltype(mean)::value;
             uint32_t mw[4];
             if constexpr (MEAN && VS3_WEIGHTS) mean_weights4<false>(mw, rb4, m_prev, MEAN_BATCH, lane);
-            named_sync(my_turn, 256);
             float pv[C::NACC];
-            reg_fence(p);
-            wgmma_fence();
-            issue_pv<true>(pv, p, desc_v(last % STAGES));
-            if constexpr (MEAN) mean_product(pv, mw, last - 1);
-            wgmma_commit();
-            if (cw == 0) named_arrive(their_turn, 256);
+            take_last_turn(pv, [&](float (&d)[C::NACC]) {
+              if constexpr (MEAN) mean_product(d, mw, last - 1);
+            });
             if constexpr (SHADOW) flush_pending(last + 1);  // the batch that ended with tile last - 1
             wgmma_wait<0>();
             reg_fence(pv);
@@ -974,24 +995,16 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_wait<0>();
             reg_fence(acc);
           } else if constexpr (VSMOOTH) {
-            mean_flush4<false>(acc, rb4, s_mbuf + ((last >> 4) & 1) * (MEAN_BATCH * D * 2),
-                               m_prev, (last & (MEAN_BATCH - 1)) + 1, lane);
+            mean_flush4<false>(acc, rb4, mean_buffer(s_mbuf, last >> 4), m_prev,
+                               (last & (MEAN_BATCH - 1)) + 1, lane);
           }
         } else {
         for (int j = 1; j < n_tiles; ++j) {
-          const int st = j % STAGES, prev = (j - 1) % STAGES;
+          const int prev = (j - 1) % STAGES;
           float ks_j = 0.f;
           if constexpr (VSX) ks_j = ldg_pinned(k_scale + j);  // used after the products land
-          mbar_wait(full(st), (j / STAGES) & 1);
-          named_sync(my_turn, 256);
           float pv[C::NACC];
-          reg_fence(p);
-          wgmma_fence();
-          issue_qk(s, desc_q, desc_k(st));
-          wgmma_commit();
-          issue_pv<true>(pv, p, desc_v(prev));
-          wgmma_commit();
-          named_arrive(their_turn, 256);
+          take_turn(j, prev, pv, nothing);
           wgmma_wait<0>();
           reg_fence(s);
           reg_fence(pv);
@@ -1012,13 +1025,8 @@ __global__ void __launch_bounds__(THREADS, 1)
           pack_p(p, s);
         }
         const int last = n_tiles - 1;
-        named_sync(my_turn, 256);
         float pv[C::NACC];
-        reg_fence(p);
-        wgmma_fence();
-        issue_pv<true>(pv, p, desc_v(last % STAGES));
-        wgmma_commit();
-        if (cw == 0) named_arrive(their_turn, 256);
+        take_last_turn(pv, nothing);
         wgmma_wait<0>();
         reg_fence(pv);
         reg_fence(p);
