@@ -484,14 +484,15 @@ __device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbu
 
 // VS2 ("pingpong-2lvl-vs2"): V-Smooth's (r_t, m_t) as one float4 {r (row g), m (row g), r (row
 // g + 8), m (row g + 8)} per lane quad and tile slot: rb points at this thread's quad in slot 0
-// (the quads of both consumer warpgroups side by side, slots 64 float4 apart: rbuf's 16 KB). exp2: every lane of
-// the quad holds the same (r, m) (quad-reduced) and stores it, so each lane reads only what it
-// wrote itself; ExpCast: the q == 0 lane stores (only it holds column 128), hence __syncwarp.
-// FULL: a complete batch of 16, whose reference max is the one stored with its last tile
+// (the quads of both consumer warpgroups side by side, slots 64 float4 apart: rbuf's 16 KB).
+// exp2: every lane of the quad holds the same (r, m) (quad-reduced) and stores it, so each lane
+// reads only what it wrote itself; ExpCast: the q == 0 lane stores (only it holds column 128),
+// hence __syncwarp. FULL: a complete batch of 16, whose reference max is the one stored with its last tile
 // (slot 15: the max the accumulator was referenced to when that tile was merged), so the
 // caller keeps no copy of it. Same arithmetic as mean_flush: f16(r_t * ex2(m_t - m_ref)).
-// The A fragment of a batch's mean product (mma.m16n8k16's A layout per warp, which is also
-// wgmma's register A): f16(r_t * ex2(m_t - m_ref)) for slots t < count, 0 beyond.
+// mean_weights4 builds the A fragment of a batch's mean product (mma.m16n8k16's A layout per
+// warp, which is also wgmma's register A): those weights for slots t < count, 0 beyond;
+// mean_flush4 multiplies it into acc with mma.sync (-vs2), -vs3 issues it as a wgmma.
 template <bool FULL>
 __device__ __forceinline__ void mean_weights4(uint32_t (&a)[4], const float4* rb,
                                               const float (&m_last)[2], int count, int lane) {
