@@ -19,10 +19,15 @@ def regs(n, first=0):
     return ", ".join(f"%{i}" for i in range(first, first + n))
 
 
+def accumulators(nacc, constraint):
+    """The asm output operands d[0] .. d[nacc - 1] with `constraint` ("+f", "=r"...), 8 a line."""
+    return ",\n        ".join(", ".join(f'"{constraint}"(d[{i}])' for i in range(j, min(j + 8, nacc)))
+                             for j in range(0, nacc, 8))
+
+
 def s8_ss(n):
     nacc = n // 2
-    outs = ",\n        ".join(", ".join(f'"+r"(d[{i}])' for i in range(j, min(j + 8, nacc)))
-                             for j in range(0, nacc, 8))
+    outs = accumulators(nacc, "+r")
     return f"""
 // D(s32, 64x{n}) (+)= A(s8, 64x32, shared memory) * B(s8, 32x{n}, shared memory), both K-major.
 // scale_d = 0 overwrites D (first k-step), 1 accumulates.
@@ -41,8 +46,7 @@ def s8_ss_first(n):
     """scale-d = false: D = A * B, the accumulator is write-only, so the compiler need not keep
     its old values alive up to the issue (they are dead after the previous tile's softmax)."""
     nacc = n // 2
-    outs = ",\n        ".join(", ".join(f'"=r"(d[{i}])' for i in range(j, min(j + 8, nacc)))
-                             for j in range(0, nacc, 8))
+    outs = accumulators(nacc, "=r")
     return f"""
 // D(s32, 64x{n}) = A(s8, 64x32, shared memory) * B(s8, 32x{n}, shared memory): the first k-step.
 __device__ __forceinline__ void wgmma_s8_ss_n{n}_first(uint32_t (&d)[{nacc}], uint64_t desc_a,
@@ -58,8 +62,7 @@ __device__ __forceinline__ void wgmma_s8_ss_n{n}_first(uint32_t (&d)[{nacc}], ui
 
 def e4m3_rs(n):
     nacc = n // 2
-    outs = ",\n        ".join(", ".join(f'"+f"(d[{i}])' for i in range(j, min(j + 8, nacc)))
-                             for j in range(0, nacc, 8))
+    outs = accumulators(nacc, "+f")
     return f"""
 // D(f32, 64x{n}) += A(e4m3, 64x32, registers: 4 x 4 bytes per thread) * B(e4m3, 32x{n}, shared
 // memory, K-major). Always accumulates.
@@ -79,8 +82,7 @@ def e4m3_rs_first(n):
     """scale-d = false: D = A * B into a fresh accumulator (two-level accumulation: the tile's
     product, then an FP32 add on the CUDA cores), write-only like s8_ss_first."""
     nacc = n // 2
-    outs = ",\n        ".join(", ".join(f'"=f"(d[{i}])' for i in range(j, min(j + 8, nacc)))
-                             for j in range(0, nacc, 8))
+    outs = accumulators(nacc, "=f")
     return f"""
 // D(f32, 64x{n}) = A(e4m3, 64x32, registers) * B(e4m3, 32x{n}, shared memory): the first k-step
 // of a fresh accumulator.
@@ -101,8 +103,7 @@ def f16_rs(n):
     A fragment of mma.m16n8k16 per warp) times the batch's means (fp16, K-major, no swizzle),
     added to the first 64 registers of a 64- or 68-register accumulator."""
     nacc = n // 2
-    outs = ",\n        ".join(", ".join(f'"+f"(d[{i}])' for i in range(j, min(j + 8, nacc)))
-                             for j in range(0, nacc, 8))
+    outs = accumulators(nacc, "+f")
     return f"""
 // D(f32, 64x{n}) += A(f16, 64x16, registers: 4 x 2 halves per thread) * B(f16, 16x{n}, shared
 // memory, K-major, no swizzle). Always accumulates; D is the first {nacc} registers of d.
