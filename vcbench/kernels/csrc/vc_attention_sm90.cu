@@ -543,10 +543,15 @@ __device__ __forceinline__ uint64_t desc_means(uint32_t addr) {
          (static_cast<uint64_t>(256 >> 4) << 32);
 }
 
-// A compile-time bool as a value, to pick one of two straight-line copies of a loop body.
-template <bool B>
-struct Flag {
-  static constexpr bool value = B;
+// How one iteration of -vs3's loop issues V-Smooth's mean product: NONE or ALWAYS, as two
+// straight copies of the loop body picked per iteration (a wgmma under its own branch inside
+// one body made ptxas serialize every wgmma of the loop, C7520), or GUARDED: one body, the wgmma
+// under a guard predicate, which ptxas accepts without serializing for the exp2 path; ExpCast's
+// 68-register PV block leaves it too few registers (C7511), so ExpCast keeps the two copies.
+enum class MeanIssue { NONE, ALWAYS, GUARDED };
+template <MeanIssue M>
+struct Issue {
+  static constexpr MeanIssue value = M;
 };
 
 // What of VS3's flush is compiled in: all of it, except in the timing probes (compiled.PROBES).
@@ -897,10 +902,17 @@ __global__ void __launch_bounds__(THREADS, 1)
           auto mean_due = [&](int j) {
             return VS3 && VSMOOTH && j > MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 1;
           };
-          // the mean product of the batch holding tile batch_tile, added into d (64 or 68 regs)
-          auto mean_product = [&](auto& d, const uint32_t (&w)[4], int batch_tile) {
-            if constexpr (VS3 && VSMOOTH && VS3_PRODUCT)
-              wgmma_f16_rs_n128(d, w, desc_means(mean_buffer(s_mbuf, batch_tile >> 4)));
+          // the mean product of the batch holding tile batch_tile, added into d (64 or 68 regs);
+          // GUARDED: only where `due`
+          auto mean_product = [&](auto& d, const uint32_t (&w)[4], int batch_tile, auto mean,
+                                  bool due) {
+            if constexpr (VS3 && VSMOOTH && VS3_PRODUCT) {
+              const uint64_t desc = desc_means(mean_buffer(s_mbuf, batch_tile >> 4));
+              if constexpr (decltype(mean)::value == MeanIssue::GUARDED)
+                wgmma_f16_rs_n128_if(d, w, desc, due);
+              else
+                wgmma_f16_rs_n128(d, w, desc);
+            }
           };
           auto flush_pending = [&](int j) {
             if constexpr (VSMOOTH) {
@@ -926,17 +938,19 @@ __global__ void __launch_bounds__(THREADS, 1)
                 rb4[(t & (MEAN_BATCH - 1)) * 64] = make_float4(r[0], m_prev[0], r[1], m_prev[1]);
             }
           };
-          // One iteration; MEAN (VS3): this turn also issues a batch's mean product. The two
-          // kinds are separate straight paths: a wgmma under its own branch inside one made
-          // ptxas serialize every wgmma of the loop (C7520).
+          // One iteration; its turn also issues a batch's mean product (VS3) as `mean` says.
           auto iteration = [&](int j, auto mean) {
-            constexpr bool MEAN = decltype(mean)::value;
+            constexpr MeanIssue MEAN = decltype(mean)::value;
             const int prev = (j - 1) % STAGES;
+            const bool due = MEAN == MeanIssue::ALWAYS || (MEAN == MeanIssue::GUARDED && mean_due(j));
             uint32_t mw[4];
-            if constexpr (MEAN && VS3_WEIGHTS) mean_weights4<false>(mw, rb4, m_prev, MEAN_BATCH, lane);
+            if constexpr (MEAN == MeanIssue::GUARDED) mw[0] = mw[1] = mw[2] = mw[3] = 0u;
+            if constexpr (MEAN != MeanIssue::NONE && VS3_WEIGHTS) {
+              if (due) mean_weights4<false>(mw, rb4, m_prev, MEAN_BATCH, lane);
+            }
             float pv[C::NACC];
             take_turn(j, prev, pv, [&](float (&d)[C::NACC]) {
-              if constexpr (MEAN) mean_product(d, mw, j - 2);
+              if constexpr (MEAN != MeanIssue::NONE) mean_product(d, mw, j - 2, mean, due);
             });
             if constexpr (SHADOW) flush_pending(j);
             // after the flush (one register less beside it), still under the wgmma wait
@@ -958,21 +972,23 @@ __global__ void __launch_bounds__(THREADS, 1)
             pack_p(p, s);
           };
           for (int j = 1; j < n_tiles; ++j) {
-            if (mean_due(j))
-              iteration(j, Flag<true>{});
+            if constexpr (VS3 && VSMOOTH && !EXPCAST)
+              iteration(j, Issue<MeanIssue::GUARDED>{});
+            else if (mean_due(j))
+              iteration(j, Issue<MeanIssue::ALWAYS>{});
             else
-              iteration(j, Flag<false>{});
+              iteration(j, Issue<MeanIssue::NONE>{});
           }
           const int last = n_tiles - 1;
           // the final turn, again as two straight paths; MEAN: the batch that ended with tile
           // last - 1 is complete and its product joins tile last's
           auto final_turn = [&](auto mean) {
-            constexpr bool MEAN = decltype(mean)::value;
+            constexpr bool MEAN = decltype(mean)::value == MeanIssue::ALWAYS;
             uint32_t mw[4];
             if constexpr (MEAN && VS3_WEIGHTS) mean_weights4<false>(mw, rb4, m_prev, MEAN_BATCH, lane);
             float pv[C::NACC];
             take_last_turn(pv, [&](float (&d)[C::NACC]) {
-              if constexpr (MEAN) mean_product(d, mw, last - 1);
+              if constexpr (MEAN) mean_product(d, mw, last - 1, mean, true);
             });
             if constexpr (SHADOW) flush_pending(last + 1);  // the batch that ended with tile last - 1
             wgmma_wait<0>();
@@ -982,16 +998,16 @@ __global__ void __launch_bounds__(THREADS, 1)
             land_vs2(pv, last);
           };
           if (mean_due(last + 1))
-            final_turn(Flag<true>{});
+            final_turn(Issue<MeanIssue::ALWAYS>{});
           else
-            final_turn(Flag<false>{});
+            final_turn(Issue<MeanIssue::NONE>{});
           if constexpr (VSMOOTH && VS3) {  // the last batch, against the final max, into acc
             uint32_t mw[4] = {0u, 0u, 0u, 0u};
             if constexpr (VS3_WEIGHTS)
               mean_weights4<false>(mw, rb4, m_prev, (last & (MEAN_BATCH - 1)) + 1, lane);
             reg_fence(acc);
             wgmma_fence();
-            mean_product(acc, mw, last);
+            mean_product(acc, mw, last, Issue<MeanIssue::ALWAYS>{}, true);
             wgmma_commit();
             wgmma_wait<0>();
             reg_fence(acc);
