@@ -70,25 +70,22 @@ BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3"  # the .cuh's VARIANT_BLOCKED_MEANS
 TWO_LEVEL_VARIANTS = ("simple", "pingpong-2lvl", "pingpong-2lvl-sat", "simple-sat",
                       "pingpong-2lvl-vs", "pingpong-2lvl-vs2", "pingpong-2lvl-vs3")
 MEAN_BATCH = 16  # tiles per V-Smooth flush (the .cu's MEAN_BATCH)
-DEFAULT_VARIANT = "simple"
 
 
 def default_variant(plan) -> str:
     """The fastest two-level variant per kind of plan, measured on the H200 at the Wan2.2 shape
-    (docs/perf.md, sessions 13-14): ExpCast (vc-8bit) pingpong-2lvl-vs 128.8 ms against
-    simple-sat 130.9 in the same run (126.9 / 128.2 in the run before), through
-    tests/test_gpu_compiled.py green; exp2 without V-Smooth (sage2-8bit) pingpong-2lvl 152.8 vs
-    simple 158.6; exp2 with V-Smooth simple 159.3 vs pingpong-2lvl-vs2 162.6, -vs 163.9 and
-    pingpong-2lvl 167.7 (V-Smooth costs the ping-pong schedules 10-15 ms, simple 0.5 ms).
-    The direct variants drift from the emulation (accumulator truncation; const-V error
-    6e-3 to 2e-2), so they are never a default."""
+    (docs/perf.md, sessions 13-15), through tests/test_gpu_compiled.py green. With V-Smooth:
+    pingpong-2lvl-vs3 for ExpCast (vc-8bit) 125.4 ms against -vs 128.7 and simple-sat 130.2 in
+    the same run (123.7 / 127.3 / 128.9 in the run before), and for exp2 (vc-8bit-vsmooth) 155.1
+    against simple 158.5 and -vs2 162.4. Without V-Smooth -vs3 runs -vs2's code, so ExpCast
+    keeps pingpong-2lvl-vs (118.3-119.9 ms) and exp2 (sage2-8bit) pingpong-2lvl (152.8 vs
+    simple 158.6). The direct variants drift from the emulation (accumulator truncation;
+    const-V error 6e-3 to 2e-2), so they are never a default."""
     from vcbench.kernels.probability import ExpCast
 
-    if isinstance(plan.p, ExpCast):
-        return "pingpong-2lvl-vs"
-    if plan.vsmooth is None:
-        return "pingpong-2lvl"
-    return DEFAULT_VARIANT
+    if plan.vsmooth is not None:
+        return "pingpong-2lvl-vs3"
+    return "pingpong-2lvl-vs" if isinstance(plan.p, ExpCast) else "pingpong-2lvl"
 
 
 IMPLEMENTATION = "vcbench-sm90"
@@ -308,7 +305,9 @@ def run(ops, plan, out, variant: str | int | None = None, probe_ok: bool = False
     v = VARIANTS[variant] if isinstance(variant, str) else int(variant)
     means = ops.v_mean
     if means is not None and v == VARIANTS[BLOCKED_MEANS_VARIANT]:
-        means = blocked_means(means)  # a small copy per call (an experiment's variant)
+        # prepare_gpu blocks them when the plan runs here; else (the Triton kernel's operands
+        # run on this variant by name) a small copy per call
+        means = ops.v_mean_blocked if ops.v_mean_blocked is not None else blocked_means(means)
     return module.forward(ops.q, ops.q_scale, ops.k, ops.k_scale, ops.v_t, ops.v_scale,
                           means, out, variant=v, **arguments(ops, plan))
 
