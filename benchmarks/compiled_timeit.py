@@ -25,19 +25,15 @@ from vcbench.timing.cupti import time_kernels
 from vcbench.timing.timeit import PRESETS, attention_flops, make_inputs
 
 SAGE2_OFFICIAL_MS = 128.5  # ../shared/anchors/h200-attention.md, Wan2.2 shape, kernel only
-# which compiled variants to time per method (all of them for the product's method; the "-sat"
-# variants differ from their base only with ExpCast, so exp2 plans do not time them)
+# which compiled variants to time per method (all of them for the product's method)
 METHODS = {"sage2-8bit": ("simple", "pingpong-2lvl"),
-           "vc-8bit-vsmooth": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", "pingpong-2lvl-vs2",
-                               "pingpong-2lvl-vs3"),
-           "vc-8bit": ("simple", "simple-direct", "pingpong", "pingpong-2lvl", "simple-sat",
-                       "pingpong-2lvl-sat", "pingpong-2lvl-vs", "pingpong-2lvl-vs2",
-                       "pingpong-2lvl-vs3")}
+           "vc-8bit-vsmooth": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", "pingpong-2lvl-vs3"),
+           "vc-8bit": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", "pingpong-2lvl-vs3")}
 # Rows that are a method with options: V-Smooth's cost measured inside one plan (the same
-# exp2 P path and scales, the mean term off), not against sage2-8bit's different plan.
-METHODS["vc-8bit-vsmooth/no-vsmooth"] = ("simple", "pingpong-2lvl", "pingpong-2lvl-vs",
-                                         "pingpong-2lvl-vs2")
-METHODS["vc-8bit/no-vsmooth"] = ("simple-sat", "pingpong-2lvl-vs", "pingpong-2lvl-vs2")
+# P path and scales, the mean term off; without it -vs3 runs -vs's code), not against
+# sage2-8bit's different plan.
+METHODS["vc-8bit-vsmooth/no-vsmooth"] = ("simple", "pingpong-2lvl", "pingpong-2lvl-vs")
+METHODS["vc-8bit/no-vsmooth"] = ("simple", "pingpong-2lvl-vs")
 OPTIONS = {"vc-8bit-vsmooth/no-vsmooth": ("vc-8bit-vsmooth", {"vsmooth": False}),
            "vc-8bit/no-vsmooth": ("vc-8bit", {"vsmooth": False})}
 SAMPLE_HEADS, SAMPLE_ROWS = (0, 1), 256

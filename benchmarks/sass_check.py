@@ -15,10 +15,9 @@ import subprocess
 import sys
 from collections import Counter
 
-# template <EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, VSX, VS2, VS3> as mangled (all
-# nine arguments; a build of older sources, with other template parameters, matches no instance)
-INSTANCE = re.compile(r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELb(\d)ELi(\d+)E"
-                      r"Lb(\d)ELb(\d)ELb(\d)ELb(\d)EE")
+# template <EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3> as mangled (all six arguments; a build
+# of older sources, with other template parameters, matches no instance)
+INSTANCE = re.compile(r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELi(\d+)ELb(\d)ELb(\d)EE")
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
@@ -44,7 +43,7 @@ def main() -> int:
         if not m:
             continue
         instances += 1
-        expcast, vsmooth, pingpong, two_level, stages, sat, vsx, vs2, vs3 = (int(x) for x in m.groups())
+        expcast, vsmooth, pingpong, stages, vsx, vs3 = (int(x) for x in m.groups())
         base = Counter(op.split(".")[0] for op in ops)
         full = Counter(ops)
         ex2 = sum(v for k, v in full.items() if k.startswith("MUFU.EX2"))
@@ -69,10 +68,9 @@ def main() -> int:
         if ex2_allowed is not None and ex2 > ex2_allowed:
             problems.append(f"MUFU.EX2 {ex2} > {ex2_allowed}: on the P path?")
         ok &= not problems
-        label = (f"{'pingpong' if pingpong else 'simple'}{' 2lvl' if two_level else ' direct'} "
+        label = (f"{'pingpong' if pingpong else 'simple'} "
                  f"{'expcast' if expcast else 'exp2'}{' vsmooth' if vsmooth else ''} s{stages}"
-                 f"{' sat' if sat else ''}{' vsx' if vsx else ''}{' vs2' if vs2 else ''}"
-                 f"{' vs3' if vs3 else ''}")
+                 f"{' vsx' if vsx else ''}{' vs3' if vs3 else ''}")
         print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
               f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
               f"{'ok' if not problems else '; '.join(problems)}")

@@ -158,13 +158,11 @@ def test_by_default_the_compiled_kernel_runs_only_when_built_and_silently_otherw
     assert not gpu.compiled_for(get_method("vc-8bit").plan())
 
 
-def test_default_variants_are_two_level_and_follow_the_measurements():
+def test_default_variants_follow_the_measurements():
     assert compiled.default_variant(get_method("sage2-8bit").plan()) == "pingpong-2lvl"
     assert compiled.default_variant(get_method("vc-8bit").plan()) == "pingpong-2lvl-vs3"
     assert compiled.default_variant(get_method("vc-8bit-vsmooth").plan()) == "pingpong-2lvl-vs3"
     assert compiled.default_variant(get_method("vc-8bit").plan({"vsmooth": False})) == "pingpong-2lvl-vs"
-    for name in ("sage2-8bit", "vc-8bit", "vc-8bit-vsmooth"):
-        assert compiled.default_variant(get_method(name).plan()) in compiled.TWO_LEVEL_VARIANTS
 
 
 def test_sm90_without_a_build_falls_back_with_one_line(monkeypatch):

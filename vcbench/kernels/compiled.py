@@ -11,16 +11,12 @@ It runs the prepared operands of `vcbench.kernels.gpu.prepare_gpu` (the same `Gp
 the Triton kernel reads) for plans with INT8 Q/K (Q per 16 or 128 rows, K per 128 keys),
 per-channel E4M3 V, P by ExpCast-FP8 or exp2-then-E4M3, optional V-Smooth, head dim 128:
 `vc-8bit`, `vc-8bit-vsmooth`, and `sage2-8bit`'s kernel. Variants (VARIANTS): "simple" (each
-consumer warpgroup runs QK, softmax, PV in turn), "pingpong" (the two consumer warpgroups take
-turns on the tensor core, and within one the softmax of tile j overlaps PV of tile j-1),
-"pingpong-2lvl" (turns, no overlap within a warpgroup), "simple-direct", and since the
-ping-pong analysis (docs/perf.md, "why ping-pong did not overlap"): "simple-sat" and
-"pingpong-2lvl-sat" (ExpCast's clamp folded into FFMA.SAT, bit-identical codes),
-"pingpong-2lvl-vs" (pingpong-2lvl-sat scheduled for V-Smooth), "pingpong-2lvl-vs2"
-(V-Smooth's bookkeeping cut further), "pingpong-2lvl-vs3" (V-Smooth's mean product as a wgmma);
-see VARIANTS' comment for the accumulation each uses.
-The grouped ("pingpong-g4-sat") and I2FP-free ("-sati") variants lost on the H200 and were
-removed (docs/perf.md, session 13).
+consumer warpgroup runs QK, softmax, PV in turn), "pingpong-2lvl" (the two consumer warpgroups
+take turns on the tensor core), "pingpong-2lvl-vs" (scheduled for V-Smooth), and
+"pingpong-2lvl-vs3" (V-Smooth's mean product as a wgmma); see VARIANTS' comment. The measured
+losers were removed (docs/perf.md): the grouped ("pingpong-g4-sat") and I2FP-free ("-sati")
+variants in session 13; direct accumulation ("pingpong", "simple-direct"), ExpCast without
+FFMA.SAT, and "-vs2" in session 15.
 """
 
 from __future__ import annotations
@@ -41,46 +37,33 @@ from vcbench.errors import UserError
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("vc_attention_sm90.cu", "binding.cpp")
 HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
-# The order of the .cu's VARIANT_NAMES. "2lvl": two-level accumulation (each tile's PV in its own
-# wgmma block, added to the FP32 accumulator on the CUDA cores, as the emulation accumulates);
-# "direct": PV accumulated in the wgmma block across all tiles, whose 13-bit truncation of the
-# accumulator at every wgmma the emulation does not model. "simple" is two-level.
-# "-sat": ExpCast's max(t, 0) and magic add as FFMA.SAT + FFMA (same codes, one instruction less
-# per score; with exp2 the same code as without).
-# "pingpong-2lvl-vs": pingpong-2lvl-sat (pingpong-2lvl with exp2) with tile j's K scale loaded at
-# the top of iteration j (pinned; in pingpong-2lvl with V-Smooth ptxas left that load right
-# before its use, behind the flush branch) and V-Smooth's flush synchronized per warp instead of
-# per warpgroup (its data is warp-local): same numerics as pingpong-2lvl(-sat), two-level.
-# "pingpong-2lvl-vs2": pingpong-2lvl-vs with V-Smooth's per-tile (r, m) stored as one float4 per
-# lane quad at an address from j alone (no flush branch after the merge; exp2: every lane stores,
-# no predicate), and with exp2 a complete batch's mean MMA issued after the next turn's wgmmas,
-# under their wait (ExpCast: after the batch's last merge, as before; its 68-register PV block
-# leaves no room there). The accumulator sees the same operations in the same order: the same
-# output bits as pingpong-2lvl-vs.
-# "pingpong-2lvl-vs3": pingpong-2lvl-vs2 with V-Smooth's mean product as one f16 wgmma issued in
-# the warpgroup's turn (into the PV block of the tile after the batch, weighted against that
-# tile's max) instead of mma.sync beside the turn: ping-pong's V-Smooth cost (10-15 ms against
-# simple's 0.5) is suspected to be the mma.sync waiting for the other warpgroup's wgmmas on the
-# tensor core (benchmarks/vsmooth_probe.sh measures it). It reads the means blocked
-# (`blocked_means`). Not the same accumulator bits as -vs2 (other weights' reference max).
-VARIANTS = {"simple": 0, "pingpong": 1, "pingpong-2lvl": 2, "simple-direct": 3,
-            "pingpong-2lvl-sat": 4, "simple-sat": 5, "pingpong-2lvl-vs": 6, "pingpong-2lvl-vs2": 7,
-            "pingpong-2lvl-vs3": 8}
+# The order of the .cu's VARIANT_NAMES. Every variant accumulates two-level (each tile's PV in
+# its own wgmma block, added to the FP32 accumulator on the CUDA cores, as the emulation
+# accumulates: accumulating in the wgmma block truncates it to 13 bits at every wgmma) and
+# encodes ExpCast's max(t, 0) and magic add as FFMA.SAT + FFMA (the same codes).
+# "pingpong-2lvl-vs": pingpong-2lvl with tile j's K scale loaded at the top of iteration j
+# (pinned; with V-Smooth ptxas left that load right before its use, behind the flush branch) and
+# V-Smooth's flush synchronized per warp instead of per warpgroup (its data is warp-local): same
+# numerics as pingpong-2lvl.
+# "pingpong-2lvl-vs3": pingpong-2lvl-vs with V-Smooth's per-tile (r, m) stored as one float4 per
+# lane quad, and the mean product as one f16 wgmma issued in the warpgroup's turn (into the PV
+# block of the tile after the batch, weighted against that tile's max) instead of mma.sync
+# beside the turn, which waited on the other warpgroup's wgmmas (benchmarks/vsmooth_probe.sh
+# measured it). It reads the means blocked (`blocked_means`). Not the same accumulator bits as
+# -vs (other weights' reference max); without V-Smooth it is -vs's numerics.
+VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3": 3}
 BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3"  # the .cuh's VARIANT_BLOCKED_MEANS
-TWO_LEVEL_VARIANTS = ("simple", "pingpong-2lvl", "pingpong-2lvl-sat", "simple-sat",
-                      "pingpong-2lvl-vs", "pingpong-2lvl-vs2", "pingpong-2lvl-vs3")
 MEAN_BATCH = 16  # tiles per V-Smooth flush (the .cu's MEAN_BATCH)
 
 
 def default_variant(plan) -> str:
-    """The fastest two-level variant per kind of plan, measured on the H200 at the Wan2.2 shape
+    """The fastest variant per kind of plan, measured on the H200 at the Wan2.2 shape
     (docs/perf.md, sessions 13-15), through tests/test_gpu_compiled.py green. With V-Smooth:
-    pingpong-2lvl-vs3 for ExpCast (vc-8bit) 125.4 ms against -vs 128.7 and simple-sat 130.2 in
-    the same run (123.7 / 127.3 / 128.9 in the run before), and for exp2 (vc-8bit-vsmooth) 155.1
-    against simple 158.5 and -vs2 162.4. Without V-Smooth -vs3 runs -vs2's code, so ExpCast
+    pingpong-2lvl-vs3 for ExpCast (vc-8bit) 125.4 ms against -vs 128.7 and simple 130.2 in the
+    same run (123.7 / 127.3 / 128.9 in the run before), and for exp2 (vc-8bit-vsmooth) 155.1
+    against simple 158.5. Without V-Smooth -vs3 runs -vs's code (SASS identical), so ExpCast
     keeps pingpong-2lvl-vs (118.3-119.9 ms) and exp2 (sage2-8bit) pingpong-2lvl (152.8 vs
-    simple 158.6). The direct variants drift from the emulation (accumulator truncation;
-    const-V error 6e-3 to 2e-2), so they are never a default."""
+    simple 158.6)."""
     from vcbench.kernels.probability import ExpCast
 
     if plan.vsmooth is not None:

@@ -32,11 +32,10 @@
 //   accumulator (the means of 16 tiles come in by one bulk copy, 4 KB). The weights
 //   2^(m_t - m) are the products of the alphas the accumulator saw since tile t.
 //
-// * Variant 0 ("simple"): each consumer warpgroup runs QK, softmax, PV in order on its tile.
-//   Variant 1 ("pingpong"): within a warpgroup QK_j and PV_{j-1} are issued together and the
-//   softmax of tile j runs while PV_{j-1} is on the tensor core; across the two warpgroups a
-//   pair of named barriers makes them take turns issuing, so one's softmax overlaps the
-//   other's matrix products.
+// * "simple": each consumer warpgroup runs QK, softmax, PV in order on its tile. The ping-pong
+//   variants: a warpgroup issues QK_j and PV_{j-1} together, and a pair of named barriers makes
+//   the two warpgroups take turns issuing, so one's softmax overlaps the other's matrix
+//   products. -vs3 issues V-Smooth's mean product as a wgmma in that turn instead of mma.sync.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -300,12 +299,13 @@ __device__ __forceinline__ void issue_pv(float (&acc)[NACC], const uint32_t (&p)
 // rescale of the accumulator, rsum (exp2 path) the full row sums of P, and s[4c + 2h] the two
 // P bytes of columns 8c + 2q, +1 in its low 16 bits (pack_p builds the A fragment from them).
 // c_scale: q_scale * k_scale (S = raw * c_scale, log2 units).
-// SAT (the "-sat" variants): ExpCast's clamp folded into the FFMA, bit-identical codes. The
-// FFMA computes t/256 = fma(S, c8/256, bias/256) with .sat (scaling by 2^-8 commutes with the
-// rounding, and t <= 120 + beta < 256 never reaches the upper clamp; t < 0 and NaN give 0),
-// and a second FFMA fma(t/256, 256, 1.5 * 2^23) is the magic add of the exact t: FFMA.SAT +
-// FFMA replace FFMA + FMNMX + FADD, one ALU-pipe instruction less per score.
-template <bool EXPCAST, bool MASK, bool SAT = false>
+// ExpCast's clamp is folded into the FFMA, with bit-identical codes (7 ms faster than FFMA +
+// FMNMX + FADD at the Wan2.2 shape, docs/perf.md, session 13). The FFMA computes t/256 =
+// fma(S, c8/256, bias/256) with .sat (scaling by 2^-8 commutes with the rounding, and
+// t <= 120 + beta < 256 never reaches the upper clamp; t < 0 and NaN give 0), and a second
+// FFMA fma(t/256, 256, 1.5 * 2^23) is the magic add of the exact t: FFMA.SAT + FFMA replace
+// FFMA + FMNMX + FADD, one ALU-pipe instruction less per score.
+template <bool EXPCAST, bool MASK>
 __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], float (&alpha)[2],
                                              float (&rsum)[2], float c_scale, float expcast_bias,
                                              float log2_p_scale, int n_valid, int q) {
@@ -343,17 +343,10 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
         uint32_t u[2];
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
-          if constexpr (SAT) {
-            const float x = static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b]));
-            float t = fma_sat(x, c8 * 0.00390625f, bias[h] * 0.00390625f);
-            if (MASK && key_of(c, q, b) >= n_valid) t = 0.f;
-            u[b] = __float_as_uint(fmaf(t, 256.f, 12582912.f));  // low byte: rne(t)
-            continue;
-          }
-          float t = fmaf(static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b])), c8, bias[h]);
+          const float x = static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b]));
+          float t = fma_sat(x, c8 * 0.00390625f, bias[h] * 0.00390625f);
           if (MASK && key_of(c, q, b) >= n_valid) t = 0.f;
-          t = fmaxf(t, 0.f);  // below 0 the code underflows to 0; t <= 120 + beta by construction
-          u[b] = __float_as_uint(t + 12582912.f);  // 1.5 * 2^23: the low byte is rne(t)
+          u[b] = __float_as_uint(fmaf(t, 256.f, 12582912.f));  // low byte: rne(t)
         }
         s[4 * c + 2 * h] = prmt(u[0], u[1], 0x0040);  // byte 0: column b = 0, byte 1: b = 1
       }
@@ -397,26 +390,6 @@ __device__ __forceinline__ void pack_p(uint32_t (&p)[16], const uint32_t (&s)[64
         const int ca = 2 * kk + half;
         p[4 * kk + 2 * half + h] = prmt(s[4 * ca + 2 * h], s[4 * (ca + 8) + 2 * h], 0x5410);
       }
-}
-
-// acc *= alpha (per row), skipped when no row of the warp changed its max (alpha == 1
-// exactly, so skipping is bit-identical); l *= alpha; ExpCast's row-sum column zeroed.
-template <bool EXPCAST, int NACC>
-__device__ __forceinline__ void rescale(float (&acc)[NACC], float (&l)[2], const float (&alpha)[2]) {
-  const bool changed = alpha[0] != 1.f || alpha[1] != 1.f;
-  if (__any_sync(0xffffffffu, changed)) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] *= alpha[(i >> 1) & 1];
-  }
-  l[0] *= alpha[0];
-  l[1] *= alpha[1];
-  if constexpr (EXPCAST) {
-#pragma unroll
-    // x * 0 (x: a finite row sum) rather than the constant 0: a constant becomes a fresh
-    // register that ptxas then copies into the wgmma accumulator block, which made it
-    // serialize the ping-pong variant's wgmmas (C7511); the multiply keeps the register.
-    for (int i = 64; i < NACC; ++i) acc[i] *= 0.f;
-  }
 }
 
 // acc += A B for the 16 mean rows: A (16 rows x 16 tiles, fp16, in mma.sync's A fragment a)
@@ -482,31 +455,18 @@ __device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbu
   mean_mma(acc, a, mbuf, lane);
 }
 
-// VS2 ("pingpong-2lvl-vs2"): V-Smooth's (r_t, m_t) as one float4 {r (row g), m (row g), r (row
-// g + 8), m (row g + 8)} per lane quad and tile slot: rb points at this thread's quad in slot 0
-// (the quads of both consumer warpgroups side by side, slots 64 float4 apart: rbuf's 16 KB).
+// VS3's bookkeeping: V-Smooth's (r_t, m_t) as one float4 {r (row g), m (row g), r (row g + 8),
+// m (row g + 8)} per lane quad and tile slot: rb points at this thread's quad in slot 0 (the
+// quads of both consumer warpgroups side by side, slots 64 float4 apart: rbuf's 16 KB).
 // exp2: every lane of the quad holds the same (r, m) (quad-reduced) and stores it, so each lane
 // reads only what it wrote itself; ExpCast: the q == 0 lane stores (only it holds column 128),
-// hence __syncwarp. FULL: a complete batch of 16, whose reference max is the one stored with its last tile
-// (slot 15: the max the accumulator was referenced to when that tile was merged), so the
-// caller keeps no copy of it. Same arithmetic as mean_flush: f16(r_t * ex2(m_t - m_ref)).
-// mean_weights4 builds the A fragment of a batch's mean product (mma.m16n8k16's A layout per
-// warp, which is also wgmma's register A): those weights for slots t < count, 0 beyond;
-// mean_flush4 multiplies it into acc with mma.sync (-vs2), -vs3 issues it as a wgmma.
-template <bool FULL>
+// hence __syncwarp. mean_weights4 builds the A fragment of a batch's mean product (mma.m16n8k16's
+// A layout per warp, which is also wgmma's register A): f16(r_t * ex2(m_t - m_ref)), as
+// mean_flush, for slots t < count, 0 beyond.
 __device__ __forceinline__ void mean_weights4(uint32_t (&a)[4], const float4* rb,
-                                              const float (&m_last)[2], int count, int lane) {
+                                              const float (&m_ref)[2], int count, int lane) {
   const int q = lane & 3;
   __syncwarp();
-  float m_ref[2];
-  if constexpr (FULL) {
-    const float4 last = rb[(MEAN_BATCH - 1) * 64];
-    m_ref[0] = last.y;
-    m_ref[1] = last.w;
-  } else {
-    m_ref[0] = m_last[0];
-    m_ref[1] = m_last[1];
-  }
 #pragma unroll
   for (int hk = 0; hk < 2; ++hk) {
     float v[2][2];
@@ -514,24 +474,13 @@ __device__ __forceinline__ void mean_weights4(uint32_t (&a)[4], const float4* rb
     for (int e = 0; e < 2; ++e) {
       const int t = 2 * q + 8 * hk + e;
       const float4 rm = rb[t * 64];
-      v[0][e] = (FULL || t < count) ? rm.x * ex2(rm.y - m_ref[0]) : 0.f;
-      v[1][e] = (FULL || t < count) ? rm.z * ex2(rm.w - m_ref[1]) : 0.f;
+      v[0][e] = (t < count) ? rm.x * ex2(rm.y - m_ref[0]) : 0.f;
+      v[1][e] = (t < count) ? rm.z * ex2(rm.w - m_ref[1]) : 0.f;
     }
     a[2 * hk + 0] = f16x2(v[0][1], v[0][0]);
     a[2 * hk + 1] = f16x2(v[1][1], v[1][0]);
   }
   __syncwarp();  // every read done before slot 0 is written again
-}
-
-template <bool FULL, int NACC>
-__device__ __forceinline__ void mean_flush4(float (&acc)[NACC], const float4* rb, uint32_t mbuf,
-                                            const float (&m_last)[2], int count, int lane) {
-#ifdef VC_PROBE_NO_MEAN_FLUSH  // timing probe (compiled.PROBES): wrong outputs by design
-  return;
-#endif
-  uint32_t a[4];
-  mean_weights4<FULL>(a, rb, m_last, count, lane);
-  mean_mma(acc, a, mbuf, lane);
 }
 
 // VS3 ("pingpong-2lvl-vs3"): the mean product as one wgmma (m64n128k16, f16) issued in the
@@ -613,11 +562,8 @@ __device__ __forceinline__ void vsmooth_tile(float (&acc)[NACC], const float (&r
   }
 }
 
-// Tile j's product has landed: r_j, the normaliser, V-Smooth's bookkeeping. Two-level: pv is
-// the tile's own product block, merged as acc = acc * a_j + pv. Direct: the product went into
-// acc, which (with l) was rescaled by alpha_j before it was issued. Two functions, each taking
-// acc once: acc passed twice (as acc and as pv), or captured by a lambda that also received it,
-// made ptxas serialize the ping-pong variant's wgmmas (C7511).
+// Tile j's product has landed: r_j, the normaliser, V-Smooth's bookkeeping. pv is the tile's own
+// product block, merged as acc = acc * a_j + pv.
 template <bool EXPCAST, bool VSMOOTH, int NP, bool WARP_SYNC = false>
 __device__ __forceinline__ void land_2l(float (&acc)[64], const float (&pv)[NP], float (&l)[2],
                                         const float (&a_j)[2], const float (&r_in)[2],
@@ -630,28 +576,19 @@ __device__ __forceinline__ void land_2l(float (&acc)[64], const float (&pv)[NP],
     vsmooth_tile<64, WARP_SYNC>(acc, r, m_j, j, n_tiles, rbuf, mbuf, cw, warp, lane);
 }
 
-template <bool EXPCAST, bool VSMOOTH, int NA>
-__device__ __forceinline__ void land_direct(float (&acc)[NA], float (&l)[2],
-                                            const float (&r_in)[2], const float (&m_j)[2], int j,
-                                            int n_tiles, float2* rbuf, uint32_t mbuf, int cw,
-                                            int warp, int lane) {
-  float r[2];
-  for (int h = 0; h < 2; ++h) {  // (tile_rowsum, then the adds, flipped ptxas to C7511 here)
-    r[h] = EXPCAST ? acc[64 + 2 * h] : r_in[h];
-    l[h] += r[h];
-  }
-  if constexpr (VSMOOTH) vsmooth_tile(acc, r, m_j, j, n_tiles, rbuf, mbuf, cw, warp, lane);
-}
-
 // ------------------------------------------------------------------------------------------
 // The kernel
 // ------------------------------------------------------------------------------------------
-// VSX ("pingpong-2lvl-vs", pingpong two-level only): tile j's K scale loaded at the top of
-// iteration j by a pinned load (not in a conditional block after V-Smooth's flush branch, where
-// ptxas left it with its use right behind it: an exposed global-load latency every tile), and
-// the flush's two 128-thread barriers replaced by __syncwarp (its data is warp-local).
-template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES,
-          bool SAT = false, bool VSX = false, bool VS2 = false, bool VS3 = false>
+// Accumulation is two-level in every variant: each tile's PV product comes in its own register
+// block and is merged into acc in FP32 (merge_tile says why).
+// VSX ("pingpong-2lvl-vs", ping-pong only): tile j's K scale loaded at the top of iteration j
+// by a pinned load (not in a conditional block after V-Smooth's flush branch, where ptxas left
+// it with its use right behind it: an exposed global-load latency every tile), and the flush's
+// two 128-thread barriers replaced by __syncwarp (its data is warp-local).
+// VS3 ("pingpong-2lvl-vs3", with VSX): V-Smooth's bookkeeping per lane quad (mean_weights4) and
+// the mean product as a wgmma in the warpgroup's turn (see the loop).
+template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
+          bool VS3 = false>
 __global__ void __launch_bounds__(THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
@@ -745,12 +682,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int masked = (prm.n % BN) ? n_tiles - 1 : -1;  // the tile holding padded keys
     float2* rbuf = reinterpret_cast<float2*>(smem + C::RBUF_OFF) + cw * MEAN_BATCH * 64;
 
-    // Direct accumulation: the PV wgmma adds into acc (ExpCast's row-sum column included).
-    // Two-level: acc is FP32 on the CUDA cores, each tile's product comes in its own block.
-    constexpr int ACC_N = TWO_LEVEL ? 64 : C::NACC;
-    float acc[ACC_N];
+    // acc: FP32 on the CUDA cores; each tile's product comes in its own block (pv).
+    float acc[64];
 #pragma unroll
-    for (int i = 0; i < ACC_N; ++i) acc[i] = 0.f;
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
     reg_fence(acc);  // zeros in registers now: left as constants, ptxas places them late and
                      // then serializes the wgmmas that write them (C7511)
     uint32_t s[64];
@@ -766,20 +701,20 @@ __global__ void __launch_bounds__(THREADS, 1)
     auto softmax_ks = [&](int j, float ks_j) {
       const float c_scale = q_scale * ks_j;
       if (j == masked)
-        softmax_tile<EXPCAST, true, SAT>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+        softmax_tile<EXPCAST, true>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                          prm.log2_p_scale, prm.n - j * BN, q);
       else
-        softmax_tile<EXPCAST, false, SAT>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+        softmax_tile<EXPCAST, false>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                           prm.log2_p_scale, BN, q);
     };
     auto softmax = [&](int j) {
       const float c_scale = q_scale * ks_next;
       if (j + 1 < n_tiles) ks_next = __ldg(k_scale + j + 1);
       if (j == masked)
-        softmax_tile<EXPCAST, true, SAT>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+        softmax_tile<EXPCAST, true>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                          prm.log2_p_scale, prm.n - j * BN, q);
       else
-        softmax_tile<EXPCAST, false, SAT>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+        softmax_tile<EXPCAST, false>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                           prm.log2_p_scale, BN, q);
     };
     // How both ping-pong schedules open: warpgroup 1 lets warpgroup 0 go first; tile 0's QK is
@@ -808,43 +743,28 @@ __global__ void __launch_bounds__(THREADS, 1)
         wgmma_wait<0>();
         reg_fence(s);
         softmax(j);
-        if constexpr (!TWO_LEVEL) rescale<EXPCAST>(acc, l, alpha);
         pack_p(p, s);
-        if constexpr (TWO_LEVEL) {
-          float pv[C::NACC];
-          reg_fence(p);
-          wgmma_fence();
-          issue_pv<true>(pv, p, desc_v(st));
-          wgmma_commit();
-          wgmma_wait<0>();
-          reg_fence(pv);
-          reg_fence(p);
-          mbar_arrive(empty(st));
-          land_2l<EXPCAST, VSMOOTH>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf, s_mbuf, cw,
-                                       warp, lane);
-        } else {
-          reg_fence(acc);  // materialize acc (e.g. the zeroed row-sum column) before the fence
-          reg_fence(p);
-          wgmma_fence();
-          issue_pv<false>(acc, p, desc_v(st));
-          wgmma_commit();
-          wgmma_wait<0>();
-          reg_fence(acc);
-          reg_fence(p);
-          mbar_arrive(empty(st));
-          land_direct<EXPCAST, VSMOOTH>(acc, l, rsum, m, j, n_tiles, rbuf, s_mbuf, cw,
-                                        warp, lane);
-        }
+        float pv[C::NACC];
+        reg_fence(p);
+        wgmma_fence();
+        issue_pv<true>(pv, p, desc_v(st));
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(pv);
+        reg_fence(p);
+        mbar_arrive(empty(st));
+        land_2l<EXPCAST, VSMOOTH>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf, s_mbuf, cw, warp,
+                                  lane);
       }
     } else {
       // Turn-taking between the two consumer warpgroups: warpgroup cw issues after waiting on
       // barrier 1 + cw and hands over with barrier 2 - cw. Warpgroup 1 lets warpgroup 0 go
       // first and skips its hand-over at the last issue, so every arrive meets one sync.
-      // Within a warpgroup, QK_j and PV_{j-1} are issued together and tile j's softmax runs
-      // while PV_{j-1} is on the tensor core; *_prev hold tile j-1's alpha, sums and max.
+      // Within a warpgroup, QK_j and PV_{j-1} are issued together in one turn; *_prev hold
+      // tile j-1's alpha, sums and max.
       const int my_turn = 1 + cw, their_turn = 2 - cw;
       pingpong_tile0(my_turn, their_turn);
-      if constexpr (TWO_LEVEL) {
+      {
         // Both products of a turn complete, PV_{j-1} is merged into acc, and only then tile j's
         // softmax runs: S, the PV block, acc and P are never all live beside the softmax's
         // temporaries (with them, ptxas spilled). The overlap is the other warpgroup's turn.
@@ -880,33 +800,26 @@ __global__ void __launch_bounds__(THREADS, 1)
           if (cw == 0) named_arrive(their_turn, 256);
         };
         auto nothing = [](float (&)[C::NACC]) {};
-        if constexpr (VS2) {
-          // As VSX, with V-Smooth's bookkeeping rearranged (same numerics): tile j-1's (r, m)
-          // stored as one float4 at a slot address computed from j alone (no flush branch after
-          // the merge), and a complete batch's mean MMA issued in the next turn, after this
-          // warpgroup's wgmmas and before their wait (acc is not a wgmma operand in the
-          // two-level schedule), so it runs in the shadow of its own QK and PV products. The
-          // accumulator sees the same FP32 operations in the same order: the flush of batch b
-          // lands after tile 16b + 15's merge and before tile 16b + 16's.
+        if constexpr (VS3) {
+          // V-Smooth's bookkeeping per lane quad: tile j-1's (r, m) stored as one float4 at a
+          // slot address computed from j alone (no flush branch after the merge). A complete
+          // batch (tiles j - 17 .. j - 2 in iteration j) is weighted against tile j - 1's max
+          // m_prev before the turn and its product issued in the turn into tile j - 1's PV
+          // block, which the merge then rescales and adds like the rest.
           static_assert(!VSMOOTH || MEAN_BATCH == 16, "slot arithmetic below");
           // quad index over both consumer warpgroups, cw * 32 + warp * 8 + g = threadIdx.x / 4
           // - 32: cheap for ptxas to rematerialize at the store (it has no register to keep it)
           float4* rb4 = reinterpret_cast<float4*>(smem + C::RBUF_OFF) + (threadIdx.x >> 2) - 32;
           const bool rb_writer = !EXPCAST || q == 0;
-          constexpr bool SHADOW = !EXPCAST && !VS3;
-          // VS3: a complete batch (tiles j - 17 .. j - 2 in iteration j) is weighted against
-          // tile j - 1's max m_prev before the turn and its product issued in the turn into
-          // tile j - 1's PV block, which the merge then rescales and adds like the rest.
-          // in iteration j, the batch of tiles j - 17 .. j - 2 is complete (flush_pending's test;
-          // one shared predicate changed the measured -vs2's SASS, so each spells it out)
+          // in iteration j, the batch of tiles j - 17 .. j - 2 is complete
           auto mean_due = [&](int j) {
-            return VS3 && VSMOOTH && j > MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 1;
+            return VSMOOTH && j > MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 1;
           };
           // the mean product of the batch holding tile batch_tile, added into d (64 or 68 regs);
           // GUARDED: only where `due`
           auto mean_product = [&](auto& d, const uint32_t (&w)[4], int batch_tile, auto mean,
                                   bool due) {
-            if constexpr (VS3 && VSMOOTH && VS3_PRODUCT) {
+            if constexpr (VSMOOTH && VS3_PRODUCT) {
               const uint64_t desc = desc_means(mean_buffer(s_mbuf, batch_tile >> 4));
               if constexpr (decltype(mean)::value == MeanIssue::GUARDED)
                 wgmma_f16_rs_n128_if(d, w, desc, due);
@@ -914,22 +827,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 wgmma_f16_rs_n128(d, w, desc);
             }
           };
-          auto flush_pending = [&](int j) {
-            if constexpr (VSMOOTH) {
-              if (j > MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 1)
-                mean_flush4<true>(acc, rb4, mean_buffer(s_mbuf, (j - 2) >> 4), m_prev, MEAN_BATCH, lane);
-            }
-          };
-          // ExpCast: its 68-register PV block (the row-sum column) leaves no room for the flush
-          // beside the in-flight wgmmas (ptxas spilled 13 registers): it flushes after the merge
-          // of the batch's last tile, where pingpong-2lvl-vs does.
-          auto flush_landed = [&](int t) {
-            if constexpr (VSMOOTH) {
-              if ((t & (MEAN_BATCH - 1)) == MEAN_BATCH - 1)
-                mean_flush4<true>(acc, rb4, mean_buffer(s_mbuf, t >> 4), m_prev, MEAN_BATCH, lane);
-            }
-          };
-          auto land_vs2 = [&](const float (&pvb)[C::NACC], int t) {
+          auto land_vs3 = [&](const float (&pvb)[C::NACC], int t) {
             float r[2];
             tile_rowsum<EXPCAST>(pvb, r_prev, r);
             merge_tile(acc, pvb, l, a_prev, r);
@@ -938,7 +836,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 rb4[(t & (MEAN_BATCH - 1)) * 64] = make_float4(r[0], m_prev[0], r[1], m_prev[1]);
             }
           };
-          // One iteration; its turn also issues a batch's mean product (VS3) as `mean` says.
+          // One iteration; its turn also issues a batch's mean product as `mean` says.
           auto iteration = [&](int j, auto mean) {
             constexpr MeanIssue MEAN = decltype(mean)::value;
             const int prev = (j - 1) % STAGES;
@@ -946,22 +844,19 @@ __global__ void __launch_bounds__(THREADS, 1)
             uint32_t mw[4];
             if constexpr (MEAN == MeanIssue::GUARDED) mw[0] = mw[1] = mw[2] = mw[3] = 0u;
             if constexpr (MEAN != MeanIssue::NONE && VS3_WEIGHTS) {
-              if (due) mean_weights4<false>(mw, rb4, m_prev, MEAN_BATCH, lane);
+              if (due) mean_weights4(mw, rb4, m_prev, MEAN_BATCH, lane);
             }
             float pv[C::NACC];
             take_turn(j, prev, pv, [&](float (&d)[C::NACC]) {
               if constexpr (MEAN != MeanIssue::NONE) mean_product(d, mw, j - 2, mean, due);
             });
-            if constexpr (SHADOW) flush_pending(j);
-            // after the flush (one register less beside it), still under the wgmma wait
-            const float ks_j = ldg_pinned(k_scale + j);
+            const float ks_j = ldg_pinned(k_scale + j);  // still under the wgmma wait
             wgmma_wait<0>();
             reg_fence(s);
             reg_fence(pv);
             reg_fence(p);
             mbar_arrive(empty(prev));
-            land_vs2(pv, j - 1);
-            if constexpr (!SHADOW && !VS3) flush_landed(j - 1);
+            land_vs3(pv, j - 1);
             softmax_ks(j, ks_j);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -972,7 +867,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             pack_p(p, s);
           };
           for (int j = 1; j < n_tiles; ++j) {
-            if constexpr (VS3 && VSMOOTH && !EXPCAST)
+            if constexpr (VSMOOTH && !EXPCAST)
               iteration(j, Issue<MeanIssue::GUARDED>{});
             else if (mean_due(j))
               iteration(j, Issue<MeanIssue::ALWAYS>{});
@@ -980,40 +875,36 @@ __global__ void __launch_bounds__(THREADS, 1)
               iteration(j, Issue<MeanIssue::NONE>{});
           }
           const int last = n_tiles - 1;
-          // the final turn, again as two straight paths; MEAN: the batch that ended with tile
+          // the final turn, as two straight paths; MEAN: the batch that ended with tile
           // last - 1 is complete and its product joins tile last's
           auto final_turn = [&](auto mean) {
             constexpr bool MEAN = decltype(mean)::value == MeanIssue::ALWAYS;
             uint32_t mw[4];
-            if constexpr (MEAN && VS3_WEIGHTS) mean_weights4<false>(mw, rb4, m_prev, MEAN_BATCH, lane);
+            if constexpr (MEAN && VS3_WEIGHTS) mean_weights4(mw, rb4, m_prev, MEAN_BATCH, lane);
             float pv[C::NACC];
             take_last_turn(pv, [&](float (&d)[C::NACC]) {
               if constexpr (MEAN) mean_product(d, mw, last - 1, mean, true);
             });
-            if constexpr (SHADOW) flush_pending(last + 1);  // the batch that ended with tile last - 1
             wgmma_wait<0>();
             reg_fence(pv);
             reg_fence(p);
             mbar_arrive(empty(last % STAGES));
-            land_vs2(pv, last);
+            land_vs3(pv, last);
           };
           if (mean_due(last + 1))
             final_turn(Issue<MeanIssue::ALWAYS>{});
           else
             final_turn(Issue<MeanIssue::NONE>{});
-          if constexpr (VSMOOTH && VS3) {  // the last batch, against the final max, into acc
+          if constexpr (VSMOOTH) {  // the last batch, against the final max, into acc
             uint32_t mw[4] = {0u, 0u, 0u, 0u};
             if constexpr (VS3_WEIGHTS)
-              mean_weights4<false>(mw, rb4, m_prev, (last & (MEAN_BATCH - 1)) + 1, lane);
+              mean_weights4(mw, rb4, m_prev, (last & (MEAN_BATCH - 1)) + 1, lane);
             reg_fence(acc);
             wgmma_fence();
             mean_product(acc, mw, last, Issue<MeanIssue::ALWAYS>{}, true);
             wgmma_commit();
             wgmma_wait<0>();
             reg_fence(acc);
-          } else if constexpr (VSMOOTH) {
-            mean_flush4<false>(acc, rb4, mean_buffer(s_mbuf, last >> 4), m_prev,
-                               (last & (MEAN_BATCH - 1)) + 1, lane);
           }
         } else {
         for (int j = 1; j < n_tiles; ++j) {
@@ -1050,54 +941,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_arrive(empty(last % STAGES));
         land_2l<EXPCAST, VSMOOTH, C::NACC, VSX>(acc, pv, l, a_prev, r_prev, m_prev, last,
                                                 n_tiles, rbuf, s_mbuf, cw, warp, lane);
-        }  // VS2
-      } else {
-        // QK_j and PV_{j-1} issued together; tile j's softmax runs while PV_{j-1} is on the
-        // tensor core (acc busy: the rescale by alpha_j waits for it).
-        rescale<EXPCAST>(acc, l, alpha);
-        pack_p(p, s);
-        float rpend[2] = {rsum[0], rsum[1]};
-        for (int j = 1; j < n_tiles; ++j) {
-          const int st = j % STAGES, prev = (j - 1) % STAGES;
-          mbar_wait(full(st), (j / STAGES) & 1);
-          named_sync(my_turn, 256);
-          reg_fence(acc);
-          reg_fence(p);
-          wgmma_fence();
-          issue_qk(s, desc_q, desc_k(st));
-          wgmma_commit();
-          issue_pv<false>(acc, p, desc_v(prev));
-          wgmma_commit();
-          named_arrive(their_turn, 256);
-          wgmma_wait<1>();  // QK_j done; PV_{j-1} may still run
-          reg_fence(s);
-          const float m_prev[2] = {m[0], m[1]};
-          softmax(j);
-          wgmma_wait<0>();  // PV_{j-1} done
-          reg_fence(acc);
-          reg_fence(p);
-          mbar_arrive(empty(prev));
-          land_direct<EXPCAST, VSMOOTH>(acc, l, rpend, m_prev, j - 1, n_tiles, rbuf,
-                                        s_mbuf, cw, warp, lane);
-          rpend[0] = rsum[0];
-          rpend[1] = rsum[1];
-          rescale<EXPCAST>(acc, l, alpha);
-          pack_p(p, s);
-        }
-        const int last = n_tiles - 1;
-        named_sync(my_turn, 256);
-        reg_fence(acc);
-        reg_fence(p);
-        wgmma_fence();
-        issue_pv<false>(acc, p, desc_v(last % STAGES));
-        wgmma_commit();
-        if (cw == 0) named_arrive(their_turn, 256);
-        wgmma_wait<0>();
-        reg_fence(acc);
-        reg_fence(p);
-        mbar_arrive(empty(last % STAGES));
-        land_direct<EXPCAST, VSMOOTH>(acc, l, rpend, m, last, n_tiles, rbuf, s_mbuf,
-                                      cw, warp, lane);
+        }  // VS3
       }
     }
 
@@ -1174,12 +1018,12 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, bool TWO_LEVEL, int STAGES, bool SAT = false,
-          bool VSX = false, bool VS2 = false, bool VS3 = false>
+template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
+          bool VS3 = false>
 struct Variant {
   using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES>;
   static constexpr auto kernel =
-      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, TWO_LEVEL, STAGES, SAT, VSX, VS2, VS3>;
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
@@ -1205,34 +1049,29 @@ struct Variant {
   }
 };
 
-// The compiled variants, in the order of ForwardArgs::variant (compiled.VARIANTS):
-//   0 simple         warpgroups in turn-free order, two-level accumulation
-//   1 pingpong       ping-pong + in-warpgroup overlap, PV accumulated in the wgmma block
-//   2 pingpong-2lvl  ping-pong + in-warpgroup overlap, two-level accumulation
-//   3 simple-direct  as 0, PV accumulated in the wgmma block
-//   4 pingpong-2lvl-sat  as 2, ExpCast's clamp folded into FFMA.SAT (bit-identical codes)
-//   5 simple-sat         as 0 with FFMA.SAT ExpCast: the A/B of the softmax change alone
-//   6 pingpong-2lvl-vs   as 4 (so 2 with exp2), tile j's K scale loaded early (pinned) and
-//                        V-Smooth's flush synchronized per warp: same numerics as 2 and 4
-//   7 pingpong-2lvl-vs2  as 6, V-Smooth's (r, m) stored as one float4 per lane quad at an
-//                        address from j alone, and a complete batch's mean MMA issued after
-//                        the next turn's wgmmas, under their wait: same numerics as 6
-//   8 pingpong-2lvl-vs3  as 7, the mean product one f16 wgmma in the turn (into the PV block
-//                        of the tile after the batch, weighted against that tile's max), the
-//                        means blocked (compiled.blocked_means): no mma.sync
-// (SAT changes only ExpCast: with exp2 the "-sat" variants run the same code as without.)
-constexpr int N_VARIANTS = 9;
-static_assert(VARIANT_BLOCKED_MEANS == 8, "pingpong-2lvl-vs3 reads the means blocked");
-constexpr const char* VARIANT_NAMES[N_VARIANTS] = {
-    "simple", "pingpong", "pingpong-2lvl", "simple-direct", "pingpong-2lvl-sat", "simple-sat",
-    "pingpong-2lvl-vs", "pingpong-2lvl-vs2", "pingpong-2lvl-vs3"};
+// The compiled variants, in the order of ForwardArgs::variant (compiled.VARIANTS); every one
+// accumulates two-level (merge_tile) and encodes ExpCast with FFMA.SAT:
+//   0 simple             warpgroups in turn-free order
+//   1 pingpong-2lvl      ping-pong: the warpgroups take turns issuing QK_j and PV_{j-1}
+//   2 pingpong-2lvl-vs   as 1, tile j's K scale loaded early (pinned) and V-Smooth's flush
+//                        synchronized per warp: same numerics as 1
+//   3 pingpong-2lvl-vs3  as 2, V-Smooth's mean product one f16 wgmma in the turn (into the PV
+//                        block of the tile after the batch, weighted against that tile's max),
+//                        the means blocked (compiled.blocked_means): no mma.sync
+// The measured losers are gone (docs/perf.md, sessions 11-15): direct accumulation into the
+// wgmma block ("pingpong", "simple-direct": the accumulator's truncation drifts from the
+// emulation), ExpCast's FFMA + FMNMX + FADD form (the "-sat" variants won), and "-vs2" (the
+// mean product by mma.sync beside the turn, 7 ms behind -vs3).
+constexpr int N_VARIANTS = 4;
+static_assert(VARIANT_BLOCKED_MEANS == 3, "pingpong-2lvl-vs3 reads the means blocked");
+constexpr const char* VARIANT_NAMES[N_VARIANTS] = {"simple", "pingpong-2lvl", "pingpong-2lvl-vs",
+                                                   "pingpong-2lvl-vs3"};
 constexpr int STAGES_ALL = 3;
 
-template <bool PINGPONG, bool TWO_LEVEL, bool SAT = false, bool VSX = false, bool VS2 = false,
-          bool VS3 = false>
+template <bool PINGPONG, bool VSX = false, bool VS3 = false>
 struct Family {
   template <bool E, bool V>
-  using Of = Variant<E, V, PINGPONG, TWO_LEVEL, STAGES_ALL, SAT, VSX, VS2, VS3>;
+  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3>;
 
   static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
                             const Params& prm, dim3 grid, cudaStream_t stream) {
@@ -1311,37 +1150,21 @@ const char* forward(const ForwardArgs& a) {
   const dim3 grid(a.n_pad / BM, static_cast<unsigned>(bh));
   auto stream = static_cast<cudaStream_t>(a.stream);
   switch (a.variant) {
-    case 0: return Family<false, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    case 1: return Family<true, false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    case 0: return Family<false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    case 1: return Family<true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 2: return Family<true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    case 4:
+    default:  // VARIANT_BLOCKED_MEANS (forward checked the range)
       return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    case 5:
-      return Family<false, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    case 6:
-      return Family<true, true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    case 7:
-      return Family<true, true, true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid,
-                                                          stream);
-    case VARIANT_BLOCKED_MEANS:
-      return Family<true, true, true, true, true, true>::launch(a.expcast, vsmooth, maps, prm,
-                                                                grid, stream);
-    default: return Family<false, false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
   }
 }
 
 const char* describe() {
-  static char text[8192];
+  static char text[4096];
   text[0] = 0;
-  Family<false, true>::describe(text, sizeof(text), VARIANT_NAMES[0]);
-  Family<true, false>::describe(text, sizeof(text), VARIANT_NAMES[1]);
+  Family<false>::describe(text, sizeof(text), VARIANT_NAMES[0]);
+  Family<true>::describe(text, sizeof(text), VARIANT_NAMES[1]);
   Family<true, true>::describe(text, sizeof(text), VARIANT_NAMES[2]);
-  Family<false, false>::describe(text, sizeof(text), VARIANT_NAMES[3]);
-  Family<true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[4]);
-  Family<false, true, true>::describe(text, sizeof(text), VARIANT_NAMES[5]);
-  Family<true, true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[6]);
-  Family<true, true, true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[7]);
-  Family<true, true, true, true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[8]);
+  Family<true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[3]);
   return text;
 }
 

@@ -38,7 +38,7 @@ struct ForwardArgs {
 
 // The variant that reads V-Smooth's means blocked (compiled.blocked_means: whole batches of 16
 // tiles, zero-padded, each as wgmma's K-major B operand) instead of (B, H, tiles, D) rows.
-constexpr int VARIANT_BLOCKED_MEANS = 8;
+constexpr int VARIANT_BLOCKED_MEANS = 3;
 
 // nullptr on success, else a message (static storage) saying what was refused or failed.
 const char* forward(const ForwardArgs& args);
