@@ -51,8 +51,12 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # beside the turn, which waited on the other warpgroup's wgmmas (benchmarks/vsmooth_probe.sh
 # measured it). It reads the means blocked (`blocked_means`). Not the same accumulator bits as
 # -vs (other weights' reference max); without V-Smooth it is -vs's numerics.
-VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3": 3}
-BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3"  # the .cuh's VARIANT_BLOCKED_MEANS
+# "pingpong-2lvl-vs3-p4" / "-p8": pingpong-2lvl-vs3 with 4 / 8 of each tile's 16 score column
+# blocks exponentiated by a polynomial on the FMA pipe (ex2_poly) instead of MUFU, exp2 plans
+# only (ExpCast has no exponential: the code of -vs3); E4M3 codes within one step of MUFU's.
+VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3": 3,
+            "pingpong-2lvl-vs3-p4": 4, "pingpong-2lvl-vs3-p8": 5}
+BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3"  # the .cuh's VARIANT_BLOCKED_MEANS: it and later ones
 MEAN_BATCH = 16  # tiles per V-Smooth flush (the .cu's MEAN_BATCH)
 
 
@@ -287,7 +291,7 @@ def run(ops, plan, out, variant: str | int | None = None, probe_ok: bool = False
     variant = default_variant(plan) if variant is None else variant
     v = VARIANTS[variant] if isinstance(variant, str) else int(variant)
     means = ops.v_mean
-    if means is not None and v == VARIANTS[BLOCKED_MEANS_VARIANT]:
+    if means is not None and v >= VARIANTS[BLOCKED_MEANS_VARIANT]:
         # prepare_gpu blocks them when the plan runs here; else (the Triton kernel's operands
         # run on this variant by name) a small copy per call
         means = ops.v_mean_blocked if ops.v_mean_blocked is not None else blocked_means(means)

@@ -204,6 +204,23 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// 2^x on the FMA and ALU pipes instead of MUFU, for part of the exp2 path's scores (the "-p"
+// variants): MUFU.EX2 runs at 16 lanes per clock per SM, a quarter of the FMA pipe's rate, and
+// the exp2 softmax issues one per score. n = rne(x) by the magic add (t's low mantissa bits
+// hold it), f = x - n in [-0.5, 0.5], 2^f by a degree-3 polynomial (relative error 7.5e-5,
+// fitted for relative error; E4M3 keeps 3 mantissa bits, so about 0.2% of codes land one step
+// from MUFU's), and 2^n added to the exponent field: t's bits shifted by 23 leave n << 23
+// (the 0x4B400000 of 1.5 * 2^23 shifts out). x is clamped at -30: below that E4M3 holds 0
+// either way, and 2^n stays a normal number; x <= log2(P scale) < 128 from above.
+__device__ __forceinline__ float ex2_poly(float x) {
+  x = fmaxf(x, -30.f);
+  const float t = x + 12582912.f;
+  const float f = x - (t - 12582912.f);
+  const float p = fmaf(fmaf(fmaf(0.05517132207751274f, f, 0.24261054396629333f), f,
+                            0.6932609677314758f), f, 0.9999281167984009f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
 // fma with the result clamped to [0, 1] (NaN to +0): FFMA.SAT, one instruction.
 __device__ __forceinline__ float fma_sat(float a, float b, float c) {
   float d;
@@ -299,13 +316,14 @@ __device__ __forceinline__ void issue_pv(float (&acc)[NACC], const uint32_t (&p)
 // rescale of the accumulator, rsum (exp2 path) the full row sums of P, and s[4c + 2h] the two
 // P bytes of columns 8c + 2q, +1 in its low 16 bits (pack_p builds the A fragment from them).
 // c_scale: q_scale * k_scale (S = raw * c_scale, log2 units).
+// POLY (exp2 path, the "-p" variants): that many of the 16 column blocks take ex2_poly.
 // ExpCast's clamp is folded into the FFMA, with bit-identical codes (7 ms faster than FFMA +
 // FMNMX + FADD at the Wan2.2 shape, docs/perf.md, session 13). The FFMA computes t/256 =
 // fma(S, c8/256, bias/256) with .sat (scaling by 2^-8 commutes with the rounding, and
 // t <= 120 + beta < 256 never reaches the upper clamp; t < 0 and NaN give 0), and a second
 // FFMA fma(t/256, 256, 1.5 * 2^23) is the magic add of the exact t: FFMA.SAT + FFMA replace
 // FFMA + FMNMX + FADD, one ALU-pipe instruction less per score.
-template <bool EXPCAST, bool MASK>
+template <bool EXPCAST, bool MASK, int POLY = 0>
 __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], float (&alpha)[2],
                                              float (&rsum)[2], float c_scale, float expcast_bias,
                                              float log2_p_scale, int n_valid, int q) {
@@ -364,7 +382,8 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
           float x = fmaf(static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b])), c_scale,
                          bias[h]);
           if (MASK && key_of(c, q, b) >= n_valid) x = -INFINITY;
-          pf[b] = ex2(x);
+          // POLY of the 16 column blocks, spread evenly, by ex2_poly (the masked tile: MUFU)
+          pf[b] = (!MASK && (c * POLY) % 16 < POLY) ? ex2_poly(x) : ex2(x);
           rsum[h] += pf[b];
         }
         s[4 * c + 2 * h] = e4m3x2(pf[1], pf[0]);
@@ -588,7 +607,7 @@ __device__ __forceinline__ void land_2l(float (&acc)[64], const float (&pv)[NP],
 // VS3 ("pingpong-2lvl-vs3", with VSX): V-Smooth's bookkeeping per lane quad (mean_weights4) and
 // the mean product as a wgmma in the warpgroup's turn (see the loop).
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false>
+          bool VS3 = false, int POLY = 0>
 __global__ void __launch_bounds__(THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
@@ -704,7 +723,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         softmax_tile<EXPCAST, true>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                          prm.log2_p_scale, prm.n - j * BN, q);
       else
-        softmax_tile<EXPCAST, false>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+        softmax_tile<EXPCAST, false, POLY>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                           prm.log2_p_scale, BN, q);
     };
     auto softmax = [&](int j) {
@@ -714,7 +733,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         softmax_tile<EXPCAST, true>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                          prm.log2_p_scale, prm.n - j * BN, q);
       else
-        softmax_tile<EXPCAST, false>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+        softmax_tile<EXPCAST, false, POLY>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                           prm.log2_p_scale, BN, q);
     };
     // How both ping-pong schedules open: warpgroup 1 lets warpgroup 0 go first; tile 0's QK is
@@ -1019,11 +1038,11 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
 }
 
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false>
+          bool VS3 = false, int POLY = 0>
 struct Variant {
   using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES>;
   static constexpr auto kernel =
-      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3>;
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, POLY>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
@@ -1058,20 +1077,23 @@ struct Variant {
 //   3 pingpong-2lvl-vs3  as 2, V-Smooth's mean product one f16 wgmma in the turn (into the PV
 //                        block of the tile after the batch, weighted against that tile's max),
 //                        the means blocked (compiled.blocked_means): no mma.sync
+//   4 pingpong-2lvl-vs3-p4  as 3, with exp2 4 of the 16 score column blocks by ex2_poly
+//   5 pingpong-2lvl-vs3-p8  as 3, with exp2 8 of 16 by ex2_poly (ExpCast: the code of 3)
 // The measured losers are gone (docs/perf.md, sessions 11-15): direct accumulation into the
 // wgmma block ("pingpong", "simple-direct": the accumulator's truncation drifts from the
 // emulation), ExpCast's FFMA + FMNMX + FADD form (the "-sat" variants won), and "-vs2" (the
 // mean product by mma.sync beside the turn, 7 ms behind -vs3).
-constexpr int N_VARIANTS = 4;
+constexpr int N_VARIANTS = 6;
 static_assert(VARIANT_BLOCKED_MEANS == 3, "pingpong-2lvl-vs3 reads the means blocked");
-constexpr const char* VARIANT_NAMES[N_VARIANTS] = {"simple", "pingpong-2lvl", "pingpong-2lvl-vs",
-                                                   "pingpong-2lvl-vs3"};
+constexpr const char* VARIANT_NAMES[N_VARIANTS] = {
+    "simple", "pingpong-2lvl", "pingpong-2lvl-vs", "pingpong-2lvl-vs3", "pingpong-2lvl-vs3-p4",
+    "pingpong-2lvl-vs3-p8"};
 constexpr int STAGES_ALL = 3;
 
-template <bool PINGPONG, bool VSX = false, bool VS3 = false>
+template <bool PINGPONG, bool VSX = false, bool VS3 = false, int POLY = 0>
 struct Family {
   template <bool E, bool V>
-  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3>;
+  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3, POLY>;
 
   static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
                             const Params& prm, dim3 grid, cudaStream_t stream) {
@@ -1153,18 +1175,23 @@ const char* forward(const ForwardArgs& a) {
     case 0: return Family<false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 1: return Family<true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 2: return Family<true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    default:  // VARIANT_BLOCKED_MEANS (forward checked the range)
-      return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    case 3: return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    case 4:
+      return Family<true, true, true, 4>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    default:  // 5 (forward checked the range)
+      return Family<true, true, true, 8>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
   }
 }
 
 const char* describe() {
-  static char text[4096];
+  static char text[8192];
   text[0] = 0;
   Family<false>::describe(text, sizeof(text), VARIANT_NAMES[0]);
   Family<true>::describe(text, sizeof(text), VARIANT_NAMES[1]);
   Family<true, true>::describe(text, sizeof(text), VARIANT_NAMES[2]);
   Family<true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[3]);
+  Family<true, true, true, 4>::describe(text, sizeof(text), VARIANT_NAMES[4]);
+  Family<true, true, true, 8>::describe(text, sizeof(text), VARIANT_NAMES[5]);
   return text;
 }
 

@@ -36,8 +36,9 @@ struct ForwardArgs {
   void* stream;         // cudaStream_t
 };
 
-// The variant that reads V-Smooth's means blocked (compiled.blocked_means: whole batches of 16
-// tiles, zero-padded, each as wgmma's K-major B operand) instead of (B, H, tiles, D) rows.
+// The first variant that reads V-Smooth's means blocked (compiled.blocked_means: whole batches
+// of 16 tiles, zero-padded, each as wgmma's K-major B operand) instead of (B, H, tiles, D) rows;
+// every later variant reads them so too.
 constexpr int VARIANT_BLOCKED_MEANS = 3;
 
 // nullptr on success, else a message (static storage) saying what was refused or failed.

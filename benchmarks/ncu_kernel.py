@@ -1,0 +1,42 @@
+"""Device script: launch the compiled kernel a few times for one plan, for Nsight Compute to
+profile one of the launches (benchmarks/ncu_profile.sh skips the first). Random normal bf16
+inputs of a timeit preset; the plan's default variant unless --variant says otherwise.
+
+Usage: PYTHONPATH=. python3 benchmarks/ncu_kernel.py --method vc-8bit[/no-vsmooth]
+       [--shape longcat-480p] [--variant pingpong-2lvl-vs3] [--launches 2]
+"""
+
+import argparse
+
+import torch
+
+from vcbench.kernels import compiled, get_method, gpu
+from vcbench.kernels.vsmooth import group
+from vcbench.timing.timeit import PRESETS, make_inputs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--method", required=True, help="a method, or METHOD/no-vsmooth")
+    ap.add_argument("--shape", default="longcat-480p", choices=list(PRESETS))
+    ap.add_argument("--variant", choices=list(compiled.VARIANTS))
+    ap.add_argument("--launches", type=int, default=2)
+    args = ap.parse_args()
+    name, _, option = args.method.partition("/")
+    if option not in ("", "no-vsmooth"):
+        raise SystemExit(f"error: unknown option /{option} (known: /no-vsmooth)")
+    plan = get_method(name).plan({"vsmooth": False} if option else {})
+    x = make_inputs(args.shape, None)
+    perm = group(x.v, plan.vsmooth).permutation if plan.vsmooth is not None else None
+    ops = gpu.prepare_gpu(x.q, x.k, x.v, plan, permutation=perm)
+    out = torch.empty_like(x.q)
+    variant = args.variant or compiled.default_variant(plan)
+    for _ in range(args.launches):
+        compiled.run(ops, plan, out, variant=variant)
+    torch.cuda.synchronize()
+    print(f"{args.method} {variant} {args.shape}: {args.launches} launches, "
+          f"finite={bool(torch.isfinite(out).all())}")
+
+
+if __name__ == "__main__":
+    main()
