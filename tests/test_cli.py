@@ -98,3 +98,17 @@ def test_timeit_on_a_cpu_machine_says_it_needs_cuda(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip() == "error: timeit needs a CUDA GPU, and this machine has none"
     assert not (tmp_path / "t").exists()  # refused before any run folder was made
+
+
+def test_train_tiny_help_quotes_the_defaults_it_uses():
+    """The help names --high-noise's and --position-std's defaults as text (the constants live
+    behind a lazy torch import); they must be the values train-tiny then uses."""
+    from typer.main import get_command
+
+    from vcbench.cli import app
+    from vcbench.pipelines.toywan import POSITION_INIT_STD
+    from vcbench.pipelines.train_tiny import HIGH_NOISE
+
+    params = {p.name: p for p in get_command(app).commands["train-tiny"].params}
+    assert f"(default {HIGH_NOISE:g})" in params["high_noise"].help
+    assert f"(default {POSITION_INIT_STD:g})" in params["position_std"].help
