@@ -5,11 +5,17 @@
 # (METHOD.md); longcat-480p by default (the same per-tile work as wan22-720p, a quarter of the
 # time per replay pass). Exports the raw metrics and the SASS source page as CSV, prints
 # benchmarks/ncu_summary.py's digest, and packs the CSVs into $OUT/ncu-csv.tar.xz.
-# Usage (repo root, PYTHONPATH=., kernel built): bash benchmarks/ncu_profile.sh [SHAPE]
+# Usage (repo root, PYTHONPATH=.; builds the kernel if needed): bash benchmarks/ncu_profile.sh [SHAPE]
 set -u
 OUT=${OUT:-/tmp/out}
 SHAPE=${1:-longcat-480p}
 mkdir -p "$OUT" /tmp/ncu
+export VCBENCH_KERNEL_CACHE=${VCBENCH_KERNEL_CACHE:-/tmp/vcbench-kernels}
+export MAX_JOBS=${MAX_JOBS:-8}
+t0=$(date +%s)
+timeout -s KILL 200 python3 -m vcbench.kernels.compiled build > /tmp/ncu/build.log 2>&1 \
+  || { tail -n 20 /tmp/ncu/build.log; echo "BUILD FAILED"; exit 1; }
+echo "build (or cached): $(( $(date +%s) - t0 )) s"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
 if [ -z "$NCU" ]; then echo "ncu not found"; exit 1; fi
 echo "ncu: $NCU ($($NCU --version | tail -n 1))"
