@@ -53,7 +53,9 @@ def summarise_raw(path):
 def summarise_sass(path, top=25):
     with open(path, newline="") as f:
         rows = [r for r in csv.reader(f) if r and not r[0].startswith("==")]
-    header = rows[0]
+    # a banner row (the kernel's name) may come before the header
+    start = next((i for i, r in enumerate(rows) if any("Sampling" in c for c in r)), 0)
+    header, rows = rows[start], rows[start:]
     samples = [i for i, h in enumerate(header) if "Sampling" in h and "All" in h] or \
               [i for i, h in enumerate(header) if "Sampling" in h]
     if not samples:
