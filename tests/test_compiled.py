@@ -368,3 +368,31 @@ def test_ex2_poly_as_written_in_the_kernel_gives_mufu_s_e4m3_codes_but_rarely_an
     differ = codes != want
     assert float(differ.float().mean()) < 5e-3
     assert int((codes - want)[differ].abs().max()) == 1
+
+
+def test_vs3s_weight_stores_land_where_the_mean_descriptor_reads_a():
+    """pingpong-2lvl-vs3s: each thread stores its four f16x2 words of mean_weights4's fragment
+    (word 2hk + h: row 16 warp + g + 8h, tiles 8hk + 2q and + 1, the lower tile in the low half)
+    at the byte offset store_weights computes; the wgmma reads A through desc_means (K-major, no
+    swizzle), element (row m, tile k) at (m // 8) SBO + (k // 8) LBO + (m % 8) 16 + (k % 8) 2.
+    The offset expression is read from the .cu; every element of the 64 x 16 tile is written
+    exactly once, where the descriptor looks for it."""
+    src = (compiled.CSRC / compiled.SOURCES[0]).read_text()
+    body = src[src.index("void store_weights("):]
+    body = body[:body.index("\n}")]
+    offset = re.search(r"wtile \+ (.+?)\) =", body.replace("\n", " ")).group(1)
+    desc = src[src.index("uint64_t desc_means("):]
+    desc = desc[:desc.index("}")]
+    lbo, sbo = (int(x) for x in re.findall(r"static_cast<uint64_t>\((\d+) >> 4\)", desc))
+    seen = {}
+    for warp in range(4):
+        for lane in range(32):
+            q, g = lane % 4, lane // 4
+            for hk in range(2):
+                for h in range(2):
+                    base = eval(offset, {}, dict(warp=warp, h=h, hk=hk, g=g, q=q))  # noqa: S307
+                    for e in range(2):  # the word's low half first
+                        m, k = 16 * warp + g + 8 * h, 8 * hk + 2 * q + e
+                        assert base + 2 * e == (m // 8) * sbo + (k // 8) * lbo + (m % 8) * 16 + (k % 8) * 2
+                        seen[(m, k)] = seen.get((m, k), 0) + 1
+    assert len(seen) == 64 * 16 and set(seen.values()) == {1}

@@ -119,6 +119,8 @@ def test_variants_and_triton_agree(built, method):
     for name in ("pingpong-2lvl-vs3-p4", "pingpong-2lvl-vs3-p8"):
         tol = 5e-3 if method == "vc-8bit-vsmooth" else 0.0
         assert rel_l2(outs[name], outs["pingpong-2lvl-vs3"]) <= tol
+    # -vs3s: the same weights and product as -vs3, A read from shared memory instead of registers
+    assert rel_l2(outs["pingpong-2lvl-vs3s"], outs["pingpong-2lvl-vs3"]) < 1e-6
 
 
 def test_public_api_with_vcbench_kernel_sm90(built, monkeypatch):

@@ -54,8 +54,12 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # "pingpong-2lvl-vs3-p4" / "-p8": pingpong-2lvl-vs3 with 4 / 8 of each tile's 16 score column
 # blocks exponentiated by a polynomial on the FMA pipe (ex2_poly) instead of MUFU, exp2 plans
 # only (ExpCast has no exponential: the code of -vs3); E4M3 codes within one step of MUFU's.
+# "pingpong-2lvl-vs3s": pingpong-2lvl-vs3 with the mean product's weights stored to shared memory
+# and read from there by the wgmma, so no weight registers are live across the turn and ExpCast
+# too runs one loop body with a guarded wgmma (-vs3's two copies cost it ~3 ms); the same
+# arithmetic as -vs3.
 VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3": 3,
-            "pingpong-2lvl-vs3-p4": 4, "pingpong-2lvl-vs3-p8": 5}
+            "pingpong-2lvl-vs3-p4": 4, "pingpong-2lvl-vs3-p8": 5, "pingpong-2lvl-vs3s": 6}
 BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3"  # the .cuh's VARIANT_BLOCKED_MEANS: it and later ones
 MEAN_BATCH = 16  # tiles per V-Smooth flush (the .cu's MEAN_BATCH)
 

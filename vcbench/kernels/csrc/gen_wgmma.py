@@ -143,9 +143,32 @@ __device__ __forceinline__ void wgmma_f16_rs_n{n}_if(float (&d)[NACC], const uin
 """
 
 
+def f16_ss_if(n):
+    """The mean product with A (the weights) from shared memory too ("pingpong-2lvl-vs3s"): no
+    weight registers live across the turn; issued only where `on` is non-zero, as f16_rs_if."""
+    nacc = n // 2
+    outs = accumulators(nacc, "+f")
+    return f"""
+// D(f32, 64x{n}) += A(f16, 64x16, shared memory, K-major, no swizzle) * B(f16, 16x{n}, shared
+// memory, K-major, no swizzle), issued only if `on` (the same value across the warpgroup) is
+// non-zero. D is the first {nacc} registers of d.
+template <int NACC>
+__device__ __forceinline__ void wgmma_f16_ss_n{n}_if(float (&d)[NACC], uint64_t desc_a,
+                                                   uint64_t desc_b, int on) {{
+  static_assert(NACC >= {nacc}, "accumulator too small");
+  asm volatile(
+      "{{\\n.reg .pred p, g;\\nsetp.ne.b32 p, 1, 0;\\nsetp.ne.b32 g, %{nacc + 2}, 0;\\n"
+      "@g wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs(nacc)}}}, "
+      "%{nacc}, %{nacc + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+      : {outs}
+      : "l"(desc_a), "l"(desc_b), "r"(on));
+}}
+"""
+
+
 def main():
     text = (HEADER + s8_ss_first(128) + s8_ss(128) + e4m3_rs(128) + e4m3_rs(136) + e4m3_rs_first(128)
-            + e4m3_rs_first(136) + f16_rs(128) + f16_rs_if(128) + "\n}  // namespace vc\n")
+            + e4m3_rs_first(136) + f16_rs(128) + f16_rs_if(128) + f16_ss_if(128) + "\n}  // namespace vc\n")
     Path(__file__).with_name("wgmma_sm90.cuh").write_text(text)
 
 

@@ -74,7 +74,7 @@ struct Params {
   float expcast_bias, log2_p_scale;
 };
 
-template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES>
+template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool WBUF = false>
 struct Config {
   static constexpr int PV_N = EXPCAST ? 136 : 128;  // + ones column (ExpCast's row sum)
   static constexpr int NACC = PV_N / 2;             // accumulator registers per thread
@@ -88,7 +88,9 @@ struct Config {
   static constexpr int MBUF_BYTES = VSMOOTH ? 2 * MEAN_BATCH * D * 2 : 0;  // 2 x 16 x 128 fp16
   static constexpr int RBUF_OFF = MBUF_OFF + MBUF_BYTES;
   static constexpr int RBUF_BYTES = VSMOOTH ? NC * MEAN_BATCH * 64 * 8 : 0;  // (r, m) per row
-  static constexpr int BAR_OFF = RBUF_OFF + RBUF_BYTES;
+  static constexpr int WBUF_OFF = RBUF_OFF + RBUF_BYTES;  // -vs3s: the mean weights, per warpgroup
+  static constexpr int WBUF_BYTES = VSMOOTH && WBUF ? NC * 64 * MEAN_BATCH * 2 : 0;
+  static constexpr int BAR_OFF = WBUF_OFF + WBUF_BYTES;
   static constexpr int BAR_BYTES = (2 * STAGES + 1) * 8;
   static constexpr int ALLOC = (BAR_OFF + BAR_BYTES + 15) / 16 * 16 + 1024;  // + base alignment
   static_assert(STAGE_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms");
@@ -511,6 +513,23 @@ __device__ __forceinline__ uint64_t desc_means(uint32_t addr) {
          (static_cast<uint64_t>(256 >> 4) << 32);
 }
 
+// VS3S ("pingpong-2lvl-vs3s"): this thread's mean weights (mean_weights4's fragment) into its
+// warpgroup's A tile in shared memory, 64 rows x 16 tiles f16 in the layout desc_means names
+// (K-major, no swizzle: core matrices 128 bytes apart along the tiles, 256 along the rows), for
+// a wgmma that reads A from shared memory: no weight registers live across the turn. The
+// fence makes the stores visible to the wgmma (async proxy); the turn's barrier orders them.
+__device__ __forceinline__ void store_weights(uint8_t* wtile, const uint32_t (&a)[4], int warp,
+                                              int lane) {
+  const int q = lane & 3, g = lane >> 2;
+#pragma unroll
+  for (int hk = 0; hk < 2; ++hk)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)  // row 16 warp + g + 8h, tiles 8hk + 2q, + 1
+      *reinterpret_cast<uint32_t*>(wtile + (2 * warp + h) * 256 + hk * 128 + g * 16 + 4 * q) =
+          a[2 * hk + h];
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // How one iteration of -vs3's loop issues V-Smooth's mean product: NONE or ALWAYS, as two
 // straight copies of the loop body picked per iteration (a wgmma under its own branch inside
 // one body made ptxas serialize every wgmma of the loop, C7520), or GUARDED: one body, the wgmma
@@ -607,13 +626,13 @@ __device__ __forceinline__ void land_2l(float (&acc)[64], const float (&pv)[NP],
 // VS3 ("pingpong-2lvl-vs3", with VSX): V-Smooth's bookkeeping per lane quad (mean_weights4) and
 // the mean product as a wgmma in the warpgroup's turn (see the loop).
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false, int POLY = 0>
+          bool VS3 = false, int POLY = 0, bool VS3S = false>
 __global__ void __launch_bounds__(THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
                         const __grid_constant__ CUtensorMap tm_k1,
                         const __grid_constant__ CUtensorMap tm_v, const Params prm) {
-  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES>;
+  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, VS3S>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -836,11 +855,15 @@ __global__ void __launch_bounds__(THREADS, 1)
           };
           // the mean product of the batch holding tile batch_tile, added into d (64 or 68 regs);
           // GUARDED: only where `due`
+          // VS3S: the guarded product reads its weights from this warpgroup's A tile
+          uint8_t* const wtile = smem + C::WBUF_OFF + cw * 64 * MEAN_BATCH * 2;
           auto mean_product = [&](auto& d, const uint32_t (&w)[4], int batch_tile, auto mean,
                                   bool due) {
             if constexpr (VSMOOTH && VS3_PRODUCT) {
               const uint64_t desc = desc_means(mean_buffer(s_mbuf, batch_tile >> 4));
-              if constexpr (decltype(mean)::value == MeanIssue::GUARDED)
+              if constexpr (decltype(mean)::value == MeanIssue::GUARDED && VS3S)
+                wgmma_f16_ss_n128_if(d, desc_means(smem_u32(wtile)), desc, due);
+              else if constexpr (decltype(mean)::value == MeanIssue::GUARDED)
                 wgmma_f16_rs_n128_if(d, w, desc, due);
               else
                 wgmma_f16_rs_n128(d, w, desc);
@@ -863,7 +886,10 @@ __global__ void __launch_bounds__(THREADS, 1)
             uint32_t mw[4];
             if constexpr (MEAN == MeanIssue::GUARDED) mw[0] = mw[1] = mw[2] = mw[3] = 0u;
             if constexpr (MEAN != MeanIssue::NONE && VS3_WEIGHTS) {
-              if (due) mean_weights4(mw, rb4, m_prev, MEAN_BATCH, lane);
+              if (due) {
+                mean_weights4(mw, rb4, m_prev, MEAN_BATCH, lane);
+                if constexpr (VS3S && MEAN == MeanIssue::GUARDED) store_weights(wtile, mw, warp, lane);
+              }
             }
             float pv[C::NACC];
             take_turn(j, prev, pv, [&](float (&d)[C::NACC]) {
@@ -886,7 +912,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             pack_p(p, s);
           };
           for (int j = 1; j < n_tiles; ++j) {
-            if constexpr (VSMOOTH && !EXPCAST)
+            if constexpr (VSMOOTH && (!EXPCAST || VS3S))
               iteration(j, Issue<MeanIssue::GUARDED>{});
             else if (mean_due(j))
               iteration(j, Issue<MeanIssue::ALWAYS>{});
@@ -1038,11 +1064,11 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
 }
 
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false, int POLY = 0>
+          bool VS3 = false, int POLY = 0, bool VS3S = false>
 struct Variant {
-  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES>;
+  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, VS3S>;
   static constexpr auto kernel =
-      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, POLY>;
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, POLY, VS3S>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
@@ -1079,21 +1105,23 @@ struct Variant {
 //                        the means blocked (compiled.blocked_means): no mma.sync
 //   4 pingpong-2lvl-vs3-p4  as 3, with exp2 4 of the 16 score column blocks by ex2_poly
 //   5 pingpong-2lvl-vs3-p8  as 3, with exp2 8 of 16 by ex2_poly (ExpCast: the code of 3)
+//   6 pingpong-2lvl-vs3s    as 3, the mean product's weights from shared memory (one loop body
+//                           for ExpCast too)
 // The measured losers are gone (docs/perf.md, sessions 11-15): direct accumulation into the
 // wgmma block ("pingpong", "simple-direct": the accumulator's truncation drifts from the
 // emulation), ExpCast's FFMA + FMNMX + FADD form (the "-sat" variants won), and "-vs2" (the
 // mean product by mma.sync beside the turn, 7 ms behind -vs3).
-constexpr int N_VARIANTS = 6;
+constexpr int N_VARIANTS = 7;
 static_assert(VARIANT_BLOCKED_MEANS == 3, "pingpong-2lvl-vs3 reads the means blocked");
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {
     "simple", "pingpong-2lvl", "pingpong-2lvl-vs", "pingpong-2lvl-vs3", "pingpong-2lvl-vs3-p4",
-    "pingpong-2lvl-vs3-p8"};
+    "pingpong-2lvl-vs3-p8", "pingpong-2lvl-vs3s"};
 constexpr int STAGES_ALL = 3;
 
-template <bool PINGPONG, bool VSX = false, bool VS3 = false, int POLY = 0>
+template <bool PINGPONG, bool VSX = false, bool VS3 = false, int POLY = 0, bool VS3S = false>
 struct Family {
   template <bool E, bool V>
-  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3, POLY>;
+  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3, POLY, VS3S>;
 
   static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
                             const Params& prm, dim3 grid, cudaStream_t stream) {
@@ -1178,8 +1206,11 @@ const char* forward(const ForwardArgs& a) {
     case 3: return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 4:
       return Family<true, true, true, 4>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    default:  // 5 (forward checked the range)
+    case 5:
       return Family<true, true, true, 8>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    default:  // 6 (forward checked the range)
+      return Family<true, true, true, 0, true>::launch(a.expcast, vsmooth, maps, prm, grid,
+                                                      stream);
   }
 }
 
@@ -1192,6 +1223,7 @@ const char* describe() {
   Family<true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[3]);
   Family<true, true, true, 4>::describe(text, sizeof(text), VARIANT_NAMES[4]);
   Family<true, true, true, 8>::describe(text, sizeof(text), VARIANT_NAMES[5]);
+  Family<true, true, true, 0, true>::describe(text, sizeof(text), VARIANT_NAMES[6]);
   return text;
 }
 
