@@ -324,8 +324,10 @@ def test_blocked_means_are_the_k_major_core_matrix_layout_the_vs3_descriptor_nam
                 tile = 16 * batch + k
                 want = v_mean[b, h, tile, n] if tile < tiles else 0.0
                 assert flat[b, h, batch, byte // 2] == want, (k, n)
+    header = (compiled.CSRC / compiled.HEADERS[0]).read_text()
     assert compiled.VARIANTS[compiled.BLOCKED_MEANS_VARIANT] == int(
-        re.search(r"VARIANT_BLOCKED_MEANS = (\d+)", (compiled.CSRC / compiled.HEADERS[0]).read_text()).group(1))
+        re.search(r"VARIANT_BLOCKED_MEANS = (\d+)", header).group(1))
+    assert compiled.MEAN_BATCH == int(re.search(r"MEAN_BATCH = (\d+)", header).group(1))
 
 
 def test_python_variants_are_the_kernel_s_variant_names_in_order():

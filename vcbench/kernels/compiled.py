@@ -61,7 +61,7 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3": 3,
             "pingpong-2lvl-vs3-p4": 4, "pingpong-2lvl-vs3-p8": 5, "pingpong-2lvl-vs3s": 6}
 BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3"  # the .cuh's VARIANT_BLOCKED_MEANS: it and later ones
-MEAN_BATCH = 16  # tiles per V-Smooth flush (the .cu's MEAN_BATCH)
+MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
 
 
 def default_variant(plan) -> str:

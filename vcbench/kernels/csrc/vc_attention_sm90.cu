@@ -57,7 +57,6 @@ constexpr int BN = 128;          // keys per KV tile = K scale block = V-Smooth 
 constexpr int NC = 2;            // consumer warpgroups
 constexpr int BM = 64 * NC;      // query rows per CTA
 constexpr int THREADS = 128 * (NC + 1);
-constexpr int MEAN_BATCH = 16;   // KV tiles per V-Smooth mean MMA
 // setmaxnreg: the producer warpgroup gives registers to the consumers.
 constexpr int PRODUCER_REGS = 40;
 constexpr int CONSUMER_REGS = 232;  // 128 x 40 + 256 x 232 = 64512 <= 65536

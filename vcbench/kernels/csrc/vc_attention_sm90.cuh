@@ -36,6 +36,9 @@ struct ForwardArgs {
   void* stream;         // cudaStream_t
 };
 
+// KV tiles per V-Smooth mean product (one batch of means; compiled.MEAN_BATCH).
+constexpr int MEAN_BATCH = 16;
+
 // The first variant that reads V-Smooth's means blocked (compiled.blocked_means: whole batches
 // of 16 tiles, zero-padded, each as wgmma's K-major B operand) instead of (B, H, tiles, D) rows;
 // every later variant reads them so too.
