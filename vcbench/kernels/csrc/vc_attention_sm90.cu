@@ -808,6 +808,17 @@ __global__ void __launch_bounds__(THREADS, 1)
         pack_p(p, s);
         float a_prev[2] = {alpha[0], alpha[1]}, r_prev[2] = {rsum[0], rsum[1]},
               m_prev[2] = {m[0], m[1]};
+        // tile j's softmax is done: its alpha, sums and max become *_prev, its P the operand
+        // of the next turn's PV
+        auto hand_on = [&] {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            a_prev[h] = alpha[h];
+            r_prev[h] = rsum[h];
+            m_prev[h] = m[h];
+          }
+          pack_p(p, s);
+        };
         // Iteration j's turn (prev: tile j - 1's stage): tile j's K and V landed, the turn taken,
         // QK_j and PV_{j-1} (into
         // the fresh block pv, with whatever `also` adds to PV's group) committed, the turn
@@ -902,13 +913,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             mbar_arrive(empty(prev));
             land_vs3(pv, j - 1);
             softmax_ks(j, ks_j);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              a_prev[h] = alpha[h];
-              r_prev[h] = rsum[h];
-              m_prev[h] = m[h];
-            }
-            pack_p(p, s);
+            hand_on();
           };
           for (int j = 1; j < n_tiles; ++j) {
             if constexpr (VSMOOTH && (!EXPCAST || VS3S))
@@ -968,13 +973,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             softmax_ks(j, ks_j);
           else
             softmax(j);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            a_prev[h] = alpha[h];
-            r_prev[h] = rsum[h];
-            m_prev[h] = m[h];
-          }
-          pack_p(p, s);
+          hand_on();
         }
         const int last = n_tiles - 1;
         float pv[C::NACC];
