@@ -9,6 +9,7 @@ Usage: PYTHONPATH=. python3 benchmarks/ncu_kernel.py --method vc-8bit[/no-vsmoot
 import argparse
 
 import torch
+from compiled_timeit import OPTIONS  # a sibling script: "METHOD/no-vsmooth" rows
 
 from vcbench.kernels import compiled, get_method, gpu
 from vcbench.kernels.vsmooth import group
@@ -17,15 +18,15 @@ from vcbench.timing.timeit import PRESETS, make_inputs
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--method", required=True, help="a method, or METHOD/no-vsmooth")
+    ap.add_argument("--method", required=True, help="a method, or a row of compiled_timeit.OPTIONS")
     ap.add_argument("--shape", default="longcat-480p", choices=list(PRESETS))
     ap.add_argument("--variant", choices=list(compiled.VARIANTS))
     ap.add_argument("--launches", type=int, default=2)
     args = ap.parse_args()
-    name, _, option = args.method.partition("/")
-    if option not in ("", "no-vsmooth"):
-        raise SystemExit(f"error: unknown option /{option} (known: /no-vsmooth)")
-    plan = get_method(name).plan({"vsmooth": False} if option else {})
+    if "/" in args.method and args.method not in OPTIONS:
+        raise SystemExit(f"error: unknown row {args.method} (known: {', '.join(OPTIONS)})")
+    name, options = OPTIONS.get(args.method, (args.method, {}))  # the rows compiled_timeit times
+    plan = get_method(name).plan(options)
     x = make_inputs(args.shape, None)
     perm = group(x.v, plan.vsmooth).permutation if plan.vsmooth is not None else None
     ops = gpu.prepare_gpu(x.q, x.k, x.v, plan, permutation=perm)
