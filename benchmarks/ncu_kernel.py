@@ -3,7 +3,7 @@ profile one of the launches (benchmarks/ncu_profile.sh skips the first). Random 
 inputs of a timeit preset; the plan's default variant unless --variant says otherwise.
 
 Usage: PYTHONPATH=. python3 benchmarks/ncu_kernel.py --method vc-8bit[/no-vsmooth]
-       [--shape longcat-480p] [--variant pingpong-2lvl-vs3] [--launches 2]
+       [--shape longcat-480p] [--variant pingpong-2lvl-vs3s] [--launches 2]
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """SASS facts of the compiled sm_90a kernel, per template instance: the matrix instructions
 (IGMMA for the INT8 QK wgmma, QGMMA for the FP8 PV wgmma, HMMA for V-Smooth's mean mma.sync,
-HGMMA for its wgmma in -vs3),
+HGMMA for its wgmma in -vs3s),
 local memory (LDL/STL), and MUFU.EX2, which ExpCast must keep off the P path (only the per-row
 alpha and the per-16-tile mean weights may use it). Exit status 1 if a check fails.
 
@@ -15,9 +15,9 @@ import subprocess
 import sys
 from collections import Counter
 
-# template <EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, POLY, VS3S> as mangled (all eight
-# arguments; a build of older sources, with other template parameters, matches no instance)
-INSTANCE = re.compile(r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELi(\d+)ELb(\d)ELb(\d)ELi(\d+)ELb(\d)EE")
+# template <EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3> as mangled (all six arguments; a
+# build of older sources, with other template parameters, matches no instance)
+INSTANCE = re.compile(r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELi(\d+)ELb(\d)ELb(\d)EE")
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
@@ -43,7 +43,7 @@ def main() -> int:
         if not m:
             continue
         instances += 1
-        expcast, vsmooth, pingpong, stages, vsx, vs3, poly, vs3s = (int(x) for x in m.groups())
+        expcast, vsmooth, pingpong, stages, vsx, vs3 = (int(x) for x in m.groups())
         base = Counter(op.split(".")[0] for op in ops)
         full = Counter(ops)
         ex2 = sum(v for k, v in full.items() if k.startswith("MUFU.EX2"))
@@ -52,7 +52,7 @@ def main() -> int:
         depbar = sum(v for k, v in full.items() if k.startswith("WARPGROUP.DEPBAR"))
         # ExpCast: alpha (2 rows) per softmax copy (masked and unmasked), twice as many copies
         # in the ping-pong variant's prologue; V-Smooth's flush 8 per copy of mean_flush.
-        # vs3: the weights in up to three places (loop, last turn, epilogue), 8 each.
+        # vs3s: the weights in up to three places (loop, last turn, epilogue), 8 each.
         ex2_allowed = 8 + ((32 if vs3 else 16) if vsmooth else 0) if expcast else None
         problems = []
         if not base["IGMMA"]:
@@ -70,7 +70,7 @@ def main() -> int:
         ok &= not problems
         label = (f"{'pingpong' if pingpong else 'simple'} "
                  f"{'expcast' if expcast else 'exp2'}{' vsmooth' if vsmooth else ''} s{stages}"
-                 f"{' vsx' if vsx else ''}{' vs3' if vs3 else ''}{f' p{poly}' if poly else ''}{' s' if vs3s else ''}")
+                 f"{' vsx' if vsx else ''}{' vs3s' if vs3 else ''}")
         print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
               f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
               f"{'ok' if not problems else '; '.join(problems)}")

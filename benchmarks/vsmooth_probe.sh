@@ -2,10 +2,10 @@
 # Device script (issues 5/7): where V-Smooth's cost in the ping-pong schedules comes from.
 # It builds the kernel three times -- real, and the timing probes of compiled.PROBES
 # (no-mean-mma: the flush's LDSM + mma.sync gone, its weights still computed; no-mean-flush: the
-# whole flush gone; in -vs3 the weights and the wgmma) -- and times vc-8bit-vsmooth and vc-8bit
+# whole flush gone; in -vs3s the weights and the wgmma) -- and times vc-8bit-vsmooth and vc-8bit
 # with and without the mean term on each, in one process per build (compiled_timeit.py; bf16
 # beside it). Probe outputs are wrong by design. Session 15 (docs/perf.md) found the mma.sync
-# HMMAs costing the ping-pong schedules 8.5 of their 10.5 ms, which -vs3's wgmma recovered.
+# HMMAs costing the ping-pong schedules 8.5 of their 10.5 ms, which the wgmma (-vs3s) recovered.
 # Usage (repo root, PYTHONPATH=.; FA4 optional): bash benchmarks/vsmooth_probe.sh [W,S]
 set -u
 OUT=${OUT:-/tmp/out}
@@ -16,7 +16,7 @@ export PYTHONUNBUFFERED=1
 export VCBENCH_KERNEL_CACHE=${VCBENCH_KERNEL_CACHE:-/tmp/vcbench-kernels}
 export MAX_JOBS=${MAX_JOBS:-8}
 METHODS=vc-8bit-vsmooth,vc-8bit-vsmooth/no-vsmooth,vc-8bit,vc-8bit/no-vsmooth
-VARIANTS=simple,pingpong-2lvl,pingpong-2lvl-vs,pingpong-2lvl-vs3
+VARIANTS=simple,pingpong-2lvl,pingpong-2lvl-vs,pingpong-2lvl-vs3s
 for probe in "" no-mean-mma no-mean-flush; do
   tag=${probe:-real}
   export VCBENCH_KERNEL_PROBE=$probe

@@ -107,20 +107,13 @@ def test_variants_and_triton_agree(built, method):
     outs = {name: compiled.run(ops, plan, torch.empty_like(q), variant=name)
             for name in compiled.VARIANTS}
     triton = gpu.run_prepared(ops, plan, torch.empty_like(q), mean_mma=2)
-    # simple, pingpong-2lvl and -vs do the same arithmetic in the same order; -vs3 weights
+    # simple, pingpong-2lvl and -vs do the same arithmetic in the same order; -vs3s weights
     # V-Smooth's means against another reference max (the same without V-Smooth)
     assert rel_l2(outs["simple"], outs["pingpong-2lvl"]) < 1e-5
     assert rel_l2(outs["simple"], outs["pingpong-2lvl-vs"]) < 1e-5
     # the Triton kernel accumulates in the wgmma block, which truncates the accumulator
     assert rel_l2(outs["simple"], triton) < 1e-2
-    assert rel_l2(outs["pingpong-2lvl-vs3"], triton) < 1e-2
-    # the "-p" variants: a polynomial for part of exp2, moving ~0.2% of those P codes one step
-    # (1e-3 relative in a CPU model of this case); ExpCast: -vs3's code, the same bits
-    for name in ("pingpong-2lvl-vs3-p4", "pingpong-2lvl-vs3-p8"):
-        tol = 5e-3 if method == "vc-8bit-vsmooth" else 0.0
-        assert rel_l2(outs[name], outs["pingpong-2lvl-vs3"]) <= tol
-    # -vs3s: the same weights and product as -vs3, A read from shared memory instead of registers
-    assert rel_l2(outs["pingpong-2lvl-vs3s"], outs["pingpong-2lvl-vs3"]) < 1e-6
+    assert rel_l2(outs["pingpong-2lvl-vs3s"], triton) < 1e-2
 
 
 def test_public_api_with_vcbench_kernel_sm90(built, monkeypatch):

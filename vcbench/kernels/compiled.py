@@ -13,10 +13,11 @@ per-channel E4M3 V, P by ExpCast-FP8 or exp2-then-E4M3, optional V-Smooth, head 
 `vc-8bit`, `vc-8bit-vsmooth`, and `sage2-8bit`'s kernel. Variants (VARIANTS): "simple" (each
 consumer warpgroup runs QK, softmax, PV in turn), "pingpong-2lvl" (the two consumer warpgroups
 take turns on the tensor core), "pingpong-2lvl-vs" (scheduled for V-Smooth), and
-"pingpong-2lvl-vs3" (V-Smooth's mean product as a wgmma); see VARIANTS' comment. The measured
+"pingpong-2lvl-vs3s" (V-Smooth's mean product as a wgmma); see VARIANTS' comment. The measured
 losers were removed (docs/perf.md): the grouped ("pingpong-g4-sat") and I2FP-free ("-sati")
 variants in session 13; direct accumulation ("pingpong", "simple-direct"), ExpCast without
-FFMA.SAT, and "-vs2" in session 15.
+FFMA.SAT, and "-vs2" in session 15; "-vs3" (the mean weights in registers) and the polynomial
+exponentials ("-vs3-p4", "-p8") in session 16.
 """
 
 from __future__ import annotations
@@ -45,37 +46,31 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # (pinned; with V-Smooth ptxas left that load right before its use, behind the flush branch) and
 # V-Smooth's flush synchronized per warp instead of per warpgroup (its data is warp-local): same
 # numerics as pingpong-2lvl.
-# "pingpong-2lvl-vs3": pingpong-2lvl-vs with V-Smooth's per-tile (r, m) stored as one float4 per
+# "pingpong-2lvl-vs3s": pingpong-2lvl-vs with V-Smooth's per-tile (r, m) stored as one float4 per
 # lane quad, and the mean product as one f16 wgmma issued in the warpgroup's turn (into the PV
 # block of the tile after the batch, weighted against that tile's max) instead of mma.sync
 # beside the turn, which waited on the other warpgroup's wgmmas (benchmarks/vsmooth_probe.sh
-# measured it). It reads the means blocked (`blocked_means`). Not the same accumulator bits as
-# -vs (other weights' reference max); without V-Smooth it is -vs's numerics.
-# "pingpong-2lvl-vs3-p4" / "-p8": pingpong-2lvl-vs3 with 4 / 8 of each tile's 16 score column
-# blocks exponentiated by a polynomial on the FMA pipe (ex2_poly) instead of MUFU, exp2 plans
-# only (ExpCast has no exponential: the code of -vs3); E4M3 codes within one step of MUFU's.
-# "pingpong-2lvl-vs3s": pingpong-2lvl-vs3 with the mean product's weights stored to shared memory
-# and read from there by the wgmma, so no weight registers are live across the turn and ExpCast
-# too runs one loop body with a guarded wgmma (-vs3's two copies cost it ~3 ms); the same
-# arithmetic as -vs3.
-VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3": 3,
-            "pingpong-2lvl-vs3-p4": 4, "pingpong-2lvl-vs3-p8": 5, "pingpong-2lvl-vs3s": 6}
-BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3"  # the .cuh's VARIANT_BLOCKED_MEANS: it and later ones
+# measured it). The weights go through shared memory, so no weight registers are live across
+# the turn and one loop body carries the product under a guard predicate. It reads the means
+# blocked (`blocked_means`). Not the same accumulator bits as -vs (other weights' reference
+# max); without V-Smooth it is -vs's code (SASS identical).
+VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3s": 3}
+BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3s"  # the .cuh's VARIANT_BLOCKED_MEANS: it and later ones
 MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
 
 
 def default_variant(plan) -> str:
     """The fastest variant per kind of plan, measured on the H200 at the Wan2.2 shape
-    (docs/perf.md, sessions 13-15), through tests/test_gpu_compiled.py green. With V-Smooth:
-    pingpong-2lvl-vs3 for ExpCast (vc-8bit) 125.4 ms against -vs 128.7 and simple 130.2 in the
-    same run (123.7 / 127.3 / 128.9 in the run before), and for exp2 (vc-8bit-vsmooth) 155.1
-    against simple 158.5. Without V-Smooth -vs3 runs -vs's code (SASS identical), so ExpCast
-    keeps pingpong-2lvl-vs (118.3-119.9 ms) and exp2 (sage2-8bit) pingpong-2lvl (152.8 vs
-    simple 158.6)."""
+    (docs/perf.md, sessions 13-16), through tests/test_gpu_compiled.py green. With V-Smooth:
+    pingpong-2lvl-vs3s, for ExpCast (vc-8bit) 124.6 ms against the register-weight -vs3's 126.3,
+    -vs 129.5 and simple 130.9 in the same run, and for exp2 (vc-8bit-vsmooth) 156.1 against
+    -vs3's 155.8 and simple 159.5. Without V-Smooth -vs3s runs -vs's code (SASS identical), so
+    ExpCast keeps pingpong-2lvl-vs (118.3-120.5 ms) and exp2 (sage2-8bit) pingpong-2lvl (152.8-154.1
+    vs simple 158.6-159.2)."""
     from vcbench.kernels.probability import ExpCast
 
     if plan.vsmooth is not None:
-        return "pingpong-2lvl-vs3"
+        return "pingpong-2lvl-vs3s"
     return "pingpong-2lvl-vs" if isinstance(plan.p, ExpCast) else "pingpong-2lvl"
 
 
@@ -267,7 +262,7 @@ def arguments(ops, plan) -> dict:
 
 
 def blocked_means(v_mean):
-    """V-Smooth's block means (B, H, tiles, 128) fp16 as pingpong-2lvl-vs3 reads them: tiles
+    """V-Smooth's block means (B, H, tiles, 128) fp16 as pingpong-2lvl-vs3s reads them: tiles
     zero-padded to whole batches of MEAN_BATCH, and each batch's 16 x 128 block laid out as
     wgmma's K-major B operand without swizzle, 8 x 8 core matrices: element (tile k, channel n)
     of a batch at (n // 8) * 128 + (k // 8) * 64 + (n % 8) * 8 + k % 8 (in elements). Shape

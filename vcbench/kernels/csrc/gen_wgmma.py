@@ -99,9 +99,9 @@ __device__ __forceinline__ void wgmma_e4m3_rs_n{n}_first(float (&d)[{nacc}], uin
 
 
 def f16_rs(n):
-    """V-Smooth's mean product as a wgmma ("pingpong-2lvl-vs3"): the tiles' weights (fp16, the
-    A fragment of mma.m16n8k16 per warp) times the batch's means (fp16, K-major, no swizzle),
-    added to the first 64 registers of a 64- or 68-register accumulator."""
+    """V-Smooth's mean product as a wgmma ("pingpong-2lvl-vs3s", its final turns): the tiles'
+    weights (fp16, the A fragment of mma.m16n8k16 per warp) times the batch's means (fp16,
+    K-major, no swizzle), added to the first 64 registers of a 64- or 68-register accumulator."""
     nacc = n // 2
     outs = accumulators(nacc, "+f")
     return f"""
@@ -121,31 +121,12 @@ __device__ __forceinline__ void wgmma_f16_rs_n{n}(float (&d)[NACC], const uint32
 """
 
 
-def f16_rs_if(n):
-    """As f16_rs, issued only where `on` is non-zero (a guard predicate, uniform over the
-    warpgroup): one straight loop body can then carry a product that only some iterations
-    issue, where a branch around the wgmma made ptxas serialize every wgmma of the loop (C7520)."""
-    nacc = n // 2
-    outs = accumulators(nacc, "+f")
-    return f"""
-// As wgmma_f16_rs_n{n}, issued only if `on` (the same value across the warpgroup) is non-zero.
-template <int NACC>
-__device__ __forceinline__ void wgmma_f16_rs_n{n}_if(float (&d)[NACC], const uint32_t (&a)[4],
-                                                   uint64_t desc_b, int on) {{
-  static_assert(NACC >= {nacc}, "accumulator too small");
-  asm volatile(
-      "{{\\n.reg .pred p, g;\\nsetp.ne.b32 p, 1, 0;\\nsetp.ne.b32 g, %{nacc + 5}, 0;\\n"
-      "@g wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs(nacc)}}}, "
-      "{{%{nacc}, %{nacc + 1}, %{nacc + 2}, %{nacc + 3}}}, %{nacc + 4}, p, 1, 1, 0;\\n}}\\n"
-      : {outs}
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(on));
-}}
-"""
-
-
 def f16_ss_if(n):
-    """The mean product with A (the weights) from shared memory too ("pingpong-2lvl-vs3s"): no
-    weight registers live across the turn; issued only where `on` is non-zero, as f16_rs_if."""
+    """The mean product with A (the weights) from shared memory too ("pingpong-2lvl-vs3s", its
+    loop): no weight registers live across the turn; issued only where `on` is non-zero (a guard
+    predicate, uniform over the warpgroup), so one straight loop body carries a product that only
+    some iterations issue (a branch around the wgmma made ptxas serialize every wgmma of the
+    loop, C7520)."""
     nacc = n // 2
     outs = accumulators(nacc, "+f")
     return f"""
@@ -168,7 +149,7 @@ __device__ __forceinline__ void wgmma_f16_ss_n{n}_if(float (&d)[NACC], uint64_t 
 
 def main():
     text = (HEADER + s8_ss_first(128) + s8_ss(128) + e4m3_rs(128) + e4m3_rs(136) + e4m3_rs_first(128)
-            + e4m3_rs_first(136) + f16_rs(128) + f16_rs_if(128) + f16_ss_if(128) + "\n}  // namespace vc\n")
+            + e4m3_rs_first(136) + f16_rs(128) + f16_ss_if(128) + "\n}  // namespace vc\n")
     Path(__file__).with_name("wgmma_sm90.cuh").write_text(text)
 
 
