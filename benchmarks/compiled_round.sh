@@ -10,15 +10,16 @@
 #   5. timing at the Wan2.2 shape beside BF16 (FA4 if importable) and the Triton kernels,
 #      table last.
 # Usage (repo root; PYTHONPATH=. plus FA4's as ../shared/device/README.md shows):
-#   bash benchmarks/compiled_round.sh [--timeit-s W,S] [--skip-tests] [--shape SHAPE]
+#   bash benchmarks/compiled_round.sh [--timeit-s W,S] [--skip-tests] [--skip-timing] [--shape SHAPE]
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-TIMEIT="2,2"; TESTS=1; SHAPE=wan22-720p
+TIMEIT="2,2"; TESTS=1; TIMING=1; SHAPE=wan22-720p
 while [ $# -gt 0 ]; do
   case $1 in
     --timeit-s) TIMEIT=$2; shift 2 ;;
     --skip-tests) TESTS=0; shift ;;
+    --skip-timing) TIMING=0; shift ;;
     --shape) SHAPE=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -65,6 +66,7 @@ if [ $TESTS = 1 ] && [ -n "$VCBENCH_COMPILED_VARIANTS" ]; then
 fi
 
 # 5. timing, table last
+[ $TIMING = 1 ] || exit 0
 w=${TIMEIT%,*}; s=${TIMEIT#*,}
 timeout -s KILL 300 python3 benchmarks/compiled_timeit.py --shape "$SHAPE" --warmup-s "$w" \
   --window-s "$s" --json "$OUT/timeit.json" 2>&1 | tee "$OUT/timeit.txt" | tail -n 24

@@ -218,10 +218,17 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return d;
 }
 
-// Two FP32 values to two E4M3 bytes (round to nearest even, saturating): lo in byte 0.
-__device__ __forceinline__ uint32_t e4m3x2(float hi, float lo) {
-  uint16_t d;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(d) : "f"(hi), "f"(lo));
+// Four FP32 values to E4M3 bytes of one register, byte i from x_i (round to nearest even,
+// saturating): two cvt into the 16-bit halves, which ptxas writes in place (F2FP ... MERGE_C).
+// A 16-bit result instead leaves a zero-extension (LOP3) and a half insert (PRMT) per pair.
+__device__ __forceinline__ uint32_t e4m3x4(float x0, float x1, float x2, float x3) {
+  uint32_t d;
+  asm("{\n.reg .b16 lo, hi;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      "mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(d)
+      : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
   return d;
 }
 
@@ -297,8 +304,9 @@ __device__ __forceinline__ void issue_pv(float (&acc)[NACC], const uint32_t (&p)
 
 // The online softmax of one S tile. This thread holds rows r (h = 0) and r + 8 (h = 1), S
 // columns 8c + 2q + b (s[4c + 2h + b]). On return m holds the new running max, alpha the
-// rescale of the accumulator, rsum (exp2 path) the full row sums of P, and s[4c + 2h] the two
-// P bytes of columns 8c + 2q, +1 in its low 16 bits (pack_p builds the A fragment from them).
+// rescale of the accumulator, rsum (exp2 path) the full row sums of P, and s the P bytes that
+// pack_p makes the A fragment of: ExpCast, s[4c + 2h] the two bytes of block c (columns 8c + 2q,
+// +1) in its low half; exp2, s[4c + 2h] (c < 8) all four bytes of fragment register 2c + h.
 // c_scale: q_scale * k_scale (S = raw * c_scale, log2 units).
 // ExpCast's clamp is folded into the FFMA, with bit-identical codes (7 ms faster than FFMA +
 // FMNMX + FADD at the Wan2.2 shape, docs/perf.md, session 13). The FFMA computes t/256 =
@@ -352,26 +360,34 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
         s[4 * c + 2 * h] = prmt(u[0], u[1], 0x0040);  // byte 0: column b = 0, byte 1: b = 1
       }
   } else {
-    // exp2(S - m + log2 P_SCALE), one FFMA into the exponent; P = E4M3(p), r = sum of p.
+    // exp2(S - m + log2 P_SCALE), one FFMA into the exponent; P = E4M3(p), r = sum of p, as
+    // two partial sums per row (blocks < 8 and >= 8) for a shorter FADD chain. Blocks c and
+    // c + 8 go to one register: four bytes by two cvt, no 16-bit pairs to combine later
+    // (32 LOP3 and 16 PRMT per tile fewer than pairs).
     const float bias[2] = {log2_p_scale - m_new[0], log2_p_scale - m_new[1]};
-    rsum[0] = rsum[1] = 0.f;
+    float part[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
-    for (int c = 0; c < 16; ++c)
+    for (int c = 0; c < 8; ++c)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float pf[2];
+        float pf[2][2];
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          float x = fmaf(static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b])), c_scale,
-                         bias[h]);
-          if (MASK && key_of(c, q, b) >= n_valid) x = -INFINITY;
-          pf[b] = ex2(x);
-          rsum[h] += pf[b];
+        for (int e = 0; e < 2; ++e) {  // S blocks c and c + 8
+          const int cb = c + 8 * e;
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            float x = fmaf(static_cast<float>(static_cast<int>(s[4 * cb + 2 * h + b])), c_scale,
+                           bias[h]);
+            if (MASK && key_of(cb, q, b) >= n_valid) x = -INFINITY;
+            pf[e][b] = ex2(x);
+            part[h][e] += pf[e][b];
+          }
         }
-        s[4 * c + 2 * h] = e4m3x2(pf[1], pf[0]);
+        s[4 * c + 2 * h] = e4m3x4(pf[0][0], pf[0][1], pf[1][0], pf[1][1]);
       }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      rsum[h] = part[h][0] + part[h][1];
       rsum[h] += __shfl_xor_sync(0xffffffffu, rsum[h], 1);
       rsum[h] += __shfl_xor_sync(0xffffffffu, rsum[h], 2);
     }
@@ -380,17 +396,15 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
 
 // The FP8 A fragment of P for the 4 PV k-steps: register 4kk + 2half + h holds keys
 // 32kk + 16half + 4q + {0..3} of row r + 8h: bytes {0,1} from S block c = 2kk + half, bytes
-// {2,3} from block c + 8 (the K row permutation puts them there).
+// {2,3} from block c + 8 (the K row permutation puts them there). The exp2 softmax left each
+// register whole in s[4c + 2h]: a copy, which ptxas folds into the cvt's destination.
+template <bool EXPCAST>
 __device__ __forceinline__ void pack_p(uint32_t (&p)[16], const uint32_t (&s)[64]) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
+  for (int c = 0; c < 8; ++c)
 #pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int ca = 2 * kk + half;
-        p[4 * kk + 2 * half + h] = prmt(s[4 * ca + 2 * h], s[4 * (ca + 8) + 2 * h], 0x5410);
-      }
+    for (int h = 0; h < 2; ++h)
+      p[2 * c + h] = EXPCAST ? prmt(s[4 * c + 2 * h], s[4 * (c + 8) + 2 * h], 0x5410) : s[4 * c + 2 * h];
 }
 
 // acc += A B for the 16 mean rows: A (16 rows x 16 tiles, fp16, in mma.sync's A fragment a)
@@ -721,20 +735,20 @@ __global__ void __launch_bounds__(THREADS, 1)
       const float c_scale = q_scale * ks_j;
       if (j == masked)
         softmax_tile<EXPCAST, true>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
-                                         prm.log2_p_scale, prm.n - j * BN, q);
+                                     prm.log2_p_scale, prm.n - j * BN, q);
       else
         softmax_tile<EXPCAST, false>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
-                                          prm.log2_p_scale, BN, q);
+                                      prm.log2_p_scale, BN, q);
     };
     auto softmax = [&](int j) {
       const float c_scale = q_scale * ks_next;
       if (j + 1 < n_tiles) ks_next = __ldg(k_scale + j + 1);
       if (j == masked)
         softmax_tile<EXPCAST, true>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
-                                         prm.log2_p_scale, prm.n - j * BN, q);
+                                     prm.log2_p_scale, prm.n - j * BN, q);
       else
         softmax_tile<EXPCAST, false>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
-                                          prm.log2_p_scale, BN, q);
+                                      prm.log2_p_scale, BN, q);
     };
     // How both ping-pong schedules open: warpgroup 1 lets warpgroup 0 go first; tile 0's QK is
     // issued in this warpgroup's turn (QK only), the turn handed over, then its softmax.
@@ -762,7 +776,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         wgmma_wait<0>();
         reg_fence(s);
         softmax(j);
-        pack_p(p, s);
+        pack_p<EXPCAST>(p, s);
         float pv[C::NACC];
         reg_fence(p);
         wgmma_fence();
@@ -787,7 +801,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         // Both products of a turn complete, PV_{j-1} is merged into acc, and only then tile j's
         // softmax runs: S, the PV block, acc and P are never all live beside the softmax's
         // temporaries (with them, ptxas spilled). The overlap is the other warpgroup's turn.
-        pack_p(p, s);
+        pack_p<EXPCAST>(p, s);
         float a_prev[2] = {alpha[0], alpha[1]}, r_prev[2] = {rsum[0], rsum[1]},
               m_prev[2] = {m[0], m[1]};
         // tile j's softmax is done: its alpha, sums and max become *_prev, its P the operand
@@ -799,7 +813,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             r_prev[h] = rsum[h];
             m_prev[h] = m[h];
           }
-          pack_p(p, s);
+          pack_p<EXPCAST>(p, s);
         };
         // Iteration j's turn (prev: tile j - 1's stage): tile j's K and V landed, the turn taken,
         // QK_j and PV_{j-1} (into
