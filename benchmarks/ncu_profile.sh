@@ -26,7 +26,7 @@ for m in vc-8bit vc-8bit/no-vsmooth vc-8bit-vsmooth vc-8bit-vsmooth/no-vsmooth; 
     --launch-count 1 --set full --import-source no -f -o "/tmp/ncu/$tag" \
     python3 benchmarks/ncu_kernel.py --method "$m" --shape "$SHAPE" > "/tmp/ncu/$tag.log" 2>&1
   echo "$m: ncu rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E "launches|Error|error" /tmp/ncu/$tag.log | head -n 3)"
-  "$NCU" -i "/tmp/ncu/$tag.ncu-rep" --page raw --csv --units base > "/tmp/ncu/raw-$tag.csv" 2> "/tmp/ncu/raw-$tag.err" \
+  "$NCU" -i "/tmp/ncu/$tag.ncu-rep" --page raw --csv --print-units base > "/tmp/ncu/raw-$tag.csv" 2> "/tmp/ncu/raw-$tag.err" \
     || tail -n 3 "/tmp/ncu/raw-$tag.err"
   "$NCU" -i "/tmp/ncu/$tag.ncu-rep" --page source --csv --print-source sass > "/tmp/ncu/sass-$tag.csv" \
     2> "/tmp/ncu/sass-$tag.err" || { tail -n 3 "/tmp/ncu/sass-$tag.err"; rm -f "/tmp/ncu/sass-$tag.csv"; }
