@@ -62,16 +62,17 @@ MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
 def default_variant(plan) -> str:
     """The fastest variant per kind of plan, measured on the H200 at the Wan2.2 shape
     (docs/perf.md, sessions 13-16), through tests/test_gpu_compiled.py green. With V-Smooth:
-    pingpong-2lvl-vs3s, for ExpCast (vc-8bit) 124.6 ms against the register-weight -vs3's 126.3,
-    -vs 129.5 and simple 130.9 in the same run, and for exp2 (vc-8bit-vsmooth) 156.1 against
-    -vs3's 155.8 and simple 159.5. Without V-Smooth -vs3s runs -vs's code (SASS identical), so
-    ExpCast keeps pingpong-2lvl-vs (118.3-120.5 ms) and exp2 (sage2-8bit) pingpong-2lvl (152.8-154.1
-    vs simple 158.6-159.2)."""
+    pingpong-2lvl-vs3s, for ExpCast (vc-8bit) 121.5 ms against -vs 127.2 and simple 128.9, and
+    for exp2 (vc-8bit-vsmooth) 145.0 against simple 148.1 (session 16, one run). Without
+    V-Smooth, -vs3s runs -vs's code (SASS identical): ExpCast keeps pingpong-2lvl-vs (118.9
+    against simple 120.7), and exp2 (sage2-8bit) runs simple since its P packing lost 48
+    instructions a tile: 138.2 against pingpong-2lvl's 141.0 (139.7 against 142.4 for the same
+    plan as vc-8bit-vsmooth's without the mean term)."""
     from vcbench.kernels.probability import ExpCast
 
     if plan.vsmooth is not None:
         return "pingpong-2lvl-vs3s"
-    return "pingpong-2lvl-vs" if isinstance(plan.p, ExpCast) else "pingpong-2lvl"
+    return "pingpong-2lvl-vs" if isinstance(plan.p, ExpCast) else "simple"
 
 
 IMPLEMENTATION = "vcbench-sm90"
