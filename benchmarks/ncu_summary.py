@@ -1,7 +1,8 @@
 """Summarise Nsight Compute exports of the compiled kernel (benchmarks/ncu_profile.sh): per
 report, the duration, issue activity, the busiest pipes and the top warp-stall reasons (from
-`ncu --page raw --csv`), and the SASS lines with the most stall samples (from `ncu --page source
---csv --print-source sass`, when that export exists). Pure text in, text out: it runs anywhere.
+`ncu --page raw --csv`), and the SASS lines with the most stall samples and each opcode's share
+of the samples beside its share of the executed instructions (from `ncu --page source --csv
+--print-source sass`, when that export exists). Pure text in, text out: it runs anywhere.
 
 Usage: python3 benchmarks/ncu_summary.py DIR   (DIR holds raw-TAG.csv and optionally sass-TAG.csv)
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 
 HEADLINE = ("gpu__time_duration.sum", "sm__cycles_active.avg", "smsp__issue_active.avg.pct_of_peak_sustained_active",
             "smsp__inst_executed.sum", "sm__warps_active.avg.pct_of_peak_sustained_active")
-PIPES = re.compile(r"^sm__(inst_executed_pipe_|pipe_).*pct_of_peak_sustained_active$")
+PIPES = re.compile(r"^sm__(inst_executed_pipe_|pipe_).*\.avg\.pct_of_peak_sustained_active$")
 STALLS = re.compile(r"^smsp__average_warps?_(latency_)?issue_stalled_(\w+?)_per_issue_active\.ratio$")
 
 
@@ -50,6 +51,14 @@ def summarise_raw(path):
             print(f"      {reason:40s} {value:7.2f}")
 
 
+def opcode_of(source):
+    """'@!P0  BRA 0x..' -> 'BRA'; 'FFMA.SAT R1, ..' -> 'FFMA'."""
+    words = source.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else "?"
+
+
 def summarise_sass(path, top=25):
     with open(path, newline="") as f:
         rows = [r for r in csv.reader(f) if r and not r[0].startswith("==")]
@@ -69,6 +78,20 @@ def summarise_sass(path, top=25):
     print(f"  SASS lines by '{header[col]}' (total {total:.0f}):")
     for r in sorted(lines, key=lambda r: -number(r[col]))[:top]:
         print(f"    {r[addr]:>8s} {100 * number(r[col]) / total:5.1f}%  {r[src].strip()[:90]}")
+    # per opcode: its share of the stall samples beside its share of the executed instructions
+    # (an opcode whose first share is far above its second is where warps wait)
+    executed = next((i for i, h in enumerate(header) if h == "Instructions Executed"), None)
+    if executed is None:
+        return
+    stall, count = {}, {}
+    for r in lines:
+        op = opcode_of(r[src])
+        stall[op] = stall.get(op, 0.0) + number(r[col])
+        count[op] = count.get(op, 0.0) + (number(r[executed]) or 0.0)
+    n = sum(count.values()) or 1.0
+    ranked = sorted(stall, key=lambda op: -stall[op])[:16]
+    print("  by opcode (% of stall samples / % of executed):")
+    print("    " + ", ".join(f"{op} {100 * stall[op] / total:.1f}/{100 * count[op] / n:.1f}" for op in ranked))
 
 
 def main(folder):
