@@ -119,17 +119,27 @@ def test_token_mean_gpu_is_bit_equal_to_the_emulation():
 
 @pytest.mark.parametrize("n", [3000, 20011])
 def test_kmeans_gpu_matches_the_torch_iterations(n):
-    """Same seeding and Lloyd iterations; the 16-bit MMAs may only break near-ties apart."""
+    """Same seeding and Lloyd iterations; the 16-bit MMAs may only break near-ties apart (with
+    32 centroids on 12 true clusters there are many). A flip moves its clusters' centroids, so
+    they are not compared with torch's; instead each is held to what it must be whatever the
+    ties: the mean of its members under the kernel's own labels one iteration earlier."""
     from vcbench.kernels.triton.kmeans import kmeans_gpu
     from vcbench.kernels.vsmooth import kmeans
 
     v = clustered_values(n, n)
-    init = torch.randn(1, 4, 32, 128, device="cuda") * 3
+    g = torch.Generator(device="cuda").manual_seed(n + 1)
+    init = torch.randn(1, 4, 32, 128, device="cuda", generator=g) * 3
     want_labels, want_c = kmeans(v, 32, 6, init=init)
     labels, c = kmeans_gpu(v, 32, 6, init=init)
     assert labels.shape == want_labels.shape and labels.dtype == torch.long
     assert (labels == want_labels).float().mean() >= 0.995
-    assert (c - want_c).abs().max() <= 1e-3 * want_c.abs().max()
+    earlier, _ = kmeans_gpu(v, 32, 5, init=init)  # the labels c was computed from
+    one_hot = torch.nn.functional.one_hot(earlier, 32).double()
+    counts = one_hot.sum(-2)
+    means = (one_hot.transpose(-1, -2) @ v.double()) / counts.clamp(min=1)[..., None]
+    members = counts > 0  # an empty cluster keeps its previous centroid
+    assert members.sum() >= 32  # (62 and 77 of the 128 at these seeds: the init is wide)
+    assert (c.double() - means).abs().amax(-1)[members].max() <= 1e-3 * means.abs().max()
 
     def inertia(lab, cen):
         return ((v.float() - torch.gather(cen, 2, lab[..., None].expand(-1, -1, -1, 128))) ** 2).sum()
