@@ -54,7 +54,12 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # the turn and one loop body carries the product under a guard predicate. It reads the means
 # blocked (`blocked_means`). Not the same accumulator bits as -vs (other weights' reference
 # max); without V-Smooth it is -vs's code (SASS identical).
-VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3s": 3}
+# "pingpong-2lvl-vs3s-split": -vs3s with PV_{j-1} issued in two halves of its columns (N = 64
+# and 64 or 72), the first in the turn's first wgmma group with QK_j, the second in its own: the
+# warpgroup waits for the first group only, runs tile j's softmax while the second half is on
+# the tensor core, then merges it. The same arithmetic as -vs3s. Not yet measured.
+VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3s": 3,
+            "pingpong-2lvl-vs3s-split": 4}
 BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3s"  # the .cuh's VARIANT_BLOCKED_MEANS: it and later ones
 MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
 

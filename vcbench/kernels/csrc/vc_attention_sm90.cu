@@ -302,6 +302,31 @@ __device__ __forceinline__ void issue_pv(float (&acc)[NACC], const uint32_t (&p)
   }
 }
 
+// SPLIT: PV_j in two halves of its output columns, each into its own register block, HALF 0
+// columns 0..63 (N = 64) and HALF 1 columns 64..127 plus ExpCast's ones column (N = 72; exp2
+// N = 64): per element the same products in the same order as issue_pv. Half 1's B starts at
+// V^T's channel row 64, 8 KB on (a multiple of the 128-byte swizzle's 1024-byte pattern).
+template <int HALF, int NB>
+__device__ __forceinline__ void issue_pv_half(float (&pv)[NB], const uint32_t (&p)[16],
+                                              uint64_t desc_v) {
+  static_assert(NB == 32 || (HALF == 1 && NB == 36), "a half block is 32 registers (+4: ones)");
+  const uint64_t desc = desc_v + HALF * ((64 * BN) >> 4);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    if constexpr (NB == 36) {
+      if (kk == 0)
+        wgmma_e4m3_rs_n72_first(pv, p[0], p[1], p[2], p[3], desc);
+      else
+        wgmma_e4m3_rs_n72(pv, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], desc + 2 * kk);
+    } else {
+      if (kk == 0)
+        wgmma_e4m3_rs_n64_first(pv, p[0], p[1], p[2], p[3], desc);
+      else
+        wgmma_e4m3_rs_n64(pv, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], desc + 2 * kk);
+    }
+  }
+}
+
 // The online softmax of one S tile. This thread holds rows r (h = 0) and r + 8 (h = 1), S
 // columns 8c + 2q + b (s[4c + 2h + b]). On return m holds the new running max, alpha the
 // rescale of the accumulator, rsum (exp2 path) the full row sums of P, and s the P bytes that
@@ -544,13 +569,14 @@ constexpr bool VS3_WEIGHTS = true, VS3_PRODUCT = false;
 constexpr bool VS3_WEIGHTS = true, VS3_PRODUCT = true;
 #endif
 
-// Tile j's row sums r_j (ExpCast: column 128 of the PV accumulator, read by the q == 0 lanes
-// (the others read zero columns); exp2 path: the FP32 sums the softmax left in rsum).
+// Tile j's row sums r_j (ExpCast: column 128 of the PV accumulator, the last 4 registers of the
+// block that holds it (all of PV, or SPLIT's half 1), read by the q == 0 lanes (the others read
+// zero columns); exp2 path: the FP32 sums the softmax left in rsum).
 template <bool EXPCAST, int NACC>
 __device__ __forceinline__ void tile_rowsum(const float (&pv)[NACC], const float (&rsum)[2],
                                             float (&r)[2]) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) r[h] = EXPCAST ? pv[64 + 2 * h] : rsum[h];
+  for (int h = 0; h < 2; ++h) r[h] = EXPCAST ? pv[NACC - 4 + 2 * h] : rsum[h];  // column 128
 }
 
 // Two-level accumulation: acc = acc * alpha + PV_j (the tile's product, held in its own
@@ -558,12 +584,23 @@ __device__ __forceinline__ void tile_rowsum(const float (&pv)[NACC], const float
 // Hopper's FP8 wgmma keeps only 13 mantissa bits of the accumulator it adds to (SageAttention2
 // measured it; FlashAttention's FP8 forward lost accuracy on long sequences from it), so
 // accumulating 4 x n_tiles wgmmas into one register block truncates it that many times.
+// acc[FIRST + i] = acc[FIRST + i] * alpha + pv[i] for i < COUNT: a block holding columns
+// 2 FIRST .. (SPLIT's halves: FIRST 0 and 32, COUNT 32); register i of a block is row
+// g + 8 ((i >> 1) & 1), as in acc (FIRST is a multiple of 4).
+template <int FIRST, int COUNT, int NACC>
+__device__ __forceinline__ void merge_cols(float (&acc)[64], const float (&pv)[NACC],
+                                           const float (&alpha)[2]) {
+  static_assert(FIRST % 4 == 0 && FIRST + COUNT <= 64 && COUNT <= NACC, "columns of acc");
+#pragma unroll
+  for (int i = 0; i < COUNT; ++i)
+    acc[FIRST + i] = fmaf(acc[FIRST + i], alpha[(i >> 1) & 1], pv[i]);
+}
+
 template <int NACC>
 __device__ __forceinline__ void merge_tile(float (&acc)[64], const float (&pv)[NACC],
                                            float (&l)[2], const float (&alpha)[2],
                                            const float (&r)[2]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = fmaf(acc[i], alpha[(i >> 1) & 1], pv[i]);
+  merge_cols<0, 64>(acc, pv, alpha);
   l[0] = l[0] * alpha[0] + r[0];
   l[1] = l[1] * alpha[1] + r[1];
 }
@@ -621,7 +658,7 @@ __device__ __forceinline__ void land_2l(float (&acc)[64], const float (&pv)[NP],
 // the mean product as a wgmma in the warpgroup's turn, its weights from shared memory (see the
 // loop).
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false>
+          bool VS3 = false, bool SPLIT = false>
 __global__ void __launch_bounds__(THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
@@ -908,8 +945,69 @@ __global__ void __launch_bounds__(THREADS, 1)
             softmax_ks(j, ks_j);
             hand_on();
           };
-          for (int j = 1; j < n_tiles; ++j)
-            iteration(j, Issue<VSMOOTH ? MeanIssue::GUARDED : MeanIssue::NONE>{});
+          // SPLIT ("pingpong-2lvl-vs3s-split"): the turn issues QK_j and PV_{j-1}'s first half as
+          // one group and PV_{j-1}'s second half as another; the warpgroup waits for the first
+          // group only, merges that half and runs tile j's softmax while the second half is on
+          // the tensor core, then waits for it and merges it. The same products and merges as
+          // -vs3s, in halves (outputs bit-equal); tile j's P is packed once PV_{j-1} is done.
+          auto mean_half = [&](auto& d, int half, int batch_tile, bool due) {
+            if constexpr (VSMOOTH && VS3_PRODUCT) {
+              const uint64_t desc = desc_means(mean_buffer(s_mbuf, batch_tile >> 4)) +
+                                    half * ((8 * 256) >> 4);  // channel 64: 8 core matrices on
+              wgmma_f16_ss_n64_if(d, desc_means(smem_u32(wtile)), desc, due);
+            }
+          };
+          auto iteration_split = [&](int j) {
+            const int st = j % STAGES, prev = (j - 1) % STAGES;
+            const bool due = mean_due(j);
+            if constexpr (VSMOOTH && VS3_WEIGHTS) {
+              if (due) {
+                uint32_t mw[4];
+                mean_weights4(mw, rb4, m_prev, MEAN_BATCH, lane);
+                store_weights(wtile, mw, warp, lane);
+              }
+            }
+            float pva[32], pvb[C::NACC - 32];
+            mbar_wait(full(st), (j / STAGES) & 1);
+            named_sync(my_turn, 256);
+            reg_fence(p);
+            wgmma_fence();
+            issue_qk(s, desc_q, desc_k(st));
+            issue_pv_half<0>(pva, p, desc_v(prev));
+            mean_half(pva, 0, j - 2, due);
+            wgmma_commit();
+            issue_pv_half<1>(pvb, p, desc_v(prev));
+            mean_half(pvb, 1, j - 2, due);
+            wgmma_commit();
+            named_arrive(their_turn, 256);
+            const float ks_j = ldg_pinned(k_scale + j);  // still under the wgmma wait
+            wgmma_wait<1>();
+            reg_fence(s);
+            reg_fence(pva);
+            merge_cols<0, 32>(acc, pva, a_prev);
+            softmax_ks(j, ks_j);
+            wgmma_wait<0>();
+            reg_fence(pvb);
+            reg_fence(p);
+            mbar_arrive(empty(prev));
+            float r[2];
+            tile_rowsum<EXPCAST>(pvb, r_prev, r);
+            merge_cols<32, 32>(acc, pvb, a_prev);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) l[h] = l[h] * a_prev[h] + r[h];
+            if constexpr (VSMOOTH) {
+              if (rb_writer)
+                rb4[((j - 1) & (MEAN_BATCH - 1)) * 64] =
+                    make_float4(r[0], m_prev[0], r[1], m_prev[1]);
+            }
+            hand_on();
+          };
+          for (int j = 1; j < n_tiles; ++j) {
+            if constexpr (SPLIT)
+              iteration_split(j);
+            else
+              iteration(j, Issue<VSMOOTH ? MeanIssue::GUARDED : MeanIssue::NONE>{});
+          }
           const int last = n_tiles - 1;
           // the final turn, as two straight paths; MEAN: the batch that ended with tile
           // last - 1 is complete and its product joins tile last's
@@ -1049,10 +1147,11 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
 }
 
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false>
+          bool VS3 = false, bool SPLIT = false>
 struct Variant {
   using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, VS3>;
-  static constexpr auto kernel = vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3>;
+  static constexpr auto kernel =
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, SPLIT>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
@@ -1095,16 +1194,19 @@ struct Variant {
 // ExpCast's two loop copies 1.7 ms behind -vs3s, exp2 level), and "-vs3-p4"/"-p8" (part of the
 // exponentials by a polynomial on the FMA pipe: MUFU does not bind; -p8 8% slower, -p4 0.5%
 // faster at 7x the deviation from the emulation).
-constexpr int N_VARIANTS = 4;
+//   4 pingpong-2lvl-vs3s-split  as 3, PV_{j-1} in two halves of its columns, tile j's softmax
+//                               while the second half runs (not yet measured)
+constexpr int N_VARIANTS = 5;
 static_assert(VARIANT_BLOCKED_MEANS == 3, "pingpong-2lvl-vs3s reads the means blocked");
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {"simple", "pingpong-2lvl", "pingpong-2lvl-vs",
-                                                   "pingpong-2lvl-vs3s"};
+                                                   "pingpong-2lvl-vs3s",
+                                                   "pingpong-2lvl-vs3s-split"};
 constexpr int STAGES_ALL = 3;
 
-template <bool PINGPONG, bool VSX = false, bool VS3 = false>
+template <bool PINGPONG, bool VSX = false, bool VS3 = false, bool SPLIT = false>
 struct Family {
   template <bool E, bool V>
-  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3>;
+  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3, SPLIT>;
 
   static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
                             const Params& prm, dim3 grid, cudaStream_t stream) {
@@ -1186,8 +1288,9 @@ const char* forward(const ForwardArgs& a) {
     case 0: return Family<false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 1: return Family<true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 2: return Family<true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    default:  // 3 (forward checked the range)
-      return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    case 3: return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    default:  // 4 (forward checked the range)
+      return Family<true, true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
   }
 }
 
@@ -1198,6 +1301,7 @@ const char* describe() {
   Family<true>::describe(text, sizeof(text), VARIANT_NAMES[1]);
   Family<true, true>::describe(text, sizeof(text), VARIANT_NAMES[2]);
   Family<true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[3]);
+  Family<true, true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[4]);
   return text;
 }
 
