@@ -17,7 +17,7 @@ from collections import Counter
 
 # template <EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, SPLIT> as mangled (all seven
 # arguments; a build of older sources, with other template parameters, matches no instance)
-INSTANCE = re.compile(r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELi(\d+)ELb(\d)ELb(\d)ELb(\d)EE")
+INSTANCE = re.compile(r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELi(\d+)ELb(\d)ELb(\d)ELi(\d)EE")
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
@@ -70,7 +70,7 @@ def main() -> int:
         ok &= not problems
         label = (f"{'pingpong' if pingpong else 'simple'} "
                  f"{'expcast' if expcast else 'exp2'}{' vsmooth' if vsmooth else ''} s{stages}"
-                 f"{' vsx' if vsx else ''}{' vs3s' if vs3 else ''}{' split' if split else ''}")
+                 f"{' vsx' if vsx else ''}{' vs3s' if vs3 else ''}{('', ' split', ' late')[split]}")
         print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
               f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
               f"{'ok' if not problems else '; '.join(problems)}")

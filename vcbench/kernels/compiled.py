@@ -58,8 +58,12 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # and 64 or 72), the first in the turn's first wgmma group with QK_j, the second in its own: the
 # warpgroup waits for the first group only, runs tile j's softmax while the second half is on
 # the tensor core, then merges it. The same arithmetic as -vs3s. Not yet measured.
+# "pingpong-2lvl-vs3s-late": -vs3s with QK_j alone in the turn's first wgmma group and all of
+# PV_{j-1} in the second: tile j's softmax runs while the whole PV product is on the tensor core
+# (S, the PV block, P and acc all live: ptxas fits them without spilling). exp2 without V-Smooth
+# runs -split's code there (ptxas serialized the late form, C7513). Not yet measured.
 VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3s": 3,
-            "pingpong-2lvl-vs3s-split": 4}
+            "pingpong-2lvl-vs3s-split": 4, "pingpong-2lvl-vs3s-late": 5}
 BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3s"  # the .cuh's VARIANT_BLOCKED_MEANS: it and later ones
 MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
 

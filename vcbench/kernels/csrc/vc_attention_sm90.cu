@@ -658,7 +658,7 @@ __device__ __forceinline__ void land_2l(float (&acc)[64], const float (&pv)[NP],
 // the mean product as a wgmma in the warpgroup's turn, its weights from shared memory (see the
 // loop).
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false, bool SPLIT = false>
+          bool VS3 = false, int SPLIT = 0>
 __global__ void __launch_bounds__(THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
@@ -919,7 +919,11 @@ __global__ void __launch_bounds__(THREADS, 1)
                 rb4[(t & (MEAN_BATCH - 1)) * 64] = make_float4(r[0], m_prev[0], r[1], m_prev[1]);
             }
           };
-          // One iteration; its turn also issues a batch's mean product as `mean` says.
+          // ptxas serializes the late form's wgmmas for exp2 without V-Smooth (C7513): that
+          // instance runs the halves
+          constexpr int SPLIT_USED = (SPLIT == 2 && !EXPCAST && !VSMOOTH) ? 1 : SPLIT;
+          // One iteration; its turn also issues a batch's mean product as `mean` says (SPLIT 2:
+          // tile j's softmax before PV_{j-1} is waited for).
           auto iteration = [&](int j, auto mean) {
             constexpr MeanIssue MEAN = decltype(mean)::value;
             const int prev = (j - 1) % STAGES;
@@ -936,20 +940,33 @@ __global__ void __launch_bounds__(THREADS, 1)
               if constexpr (MEAN != MeanIssue::NONE) mean_product(d, mw, j - 2, mean, due);
             });
             const float ks_j = ldg_pinned(k_scale + j);  // still under the wgmma wait
-            wgmma_wait<0>();
-            reg_fence(s);
-            reg_fence(pv);
-            reg_fence(p);
-            mbar_arrive(empty(prev));
-            land_vs3(pv, j - 1);
-            softmax_ks(j, ks_j);
+            if constexpr (SPLIT_USED == 2) {  // QK_j landed: its softmax while PV_{j-1} runs
+              wgmma_wait<1>();
+              reg_fence(s);
+              softmax_ks(j, ks_j);
+              wgmma_wait<0>();
+              reg_fence(pv);
+              reg_fence(p);
+              mbar_arrive(empty(prev));
+              land_vs3(pv, j - 1);
+            } else {
+              wgmma_wait<0>();
+              reg_fence(s);
+              reg_fence(pv);
+              reg_fence(p);
+              mbar_arrive(empty(prev));
+              land_vs3(pv, j - 1);
+              softmax_ks(j, ks_j);
+            }
             hand_on();
           };
-          // SPLIT ("pingpong-2lvl-vs3s-split"): the turn issues QK_j and PV_{j-1}'s first half as
-          // one group and PV_{j-1}'s second half as another; the warpgroup waits for the first
+          // SPLIT 1 ("pingpong-2lvl-vs3s-split"): the turn issues QK_j and PV_{j-1}'s first half
+          // as one group and PV_{j-1}'s second half as another; the warpgroup waits for the first
           // group only, merges that half and runs tile j's softmax while the second half is on
-          // the tensor core, then waits for it and merges it. The same products and merges as
-          // -vs3s, in halves (outputs bit-equal); tile j's P is packed once PV_{j-1} is done.
+          // the tensor core, then waits for it and merges it. SPLIT 2 ("-late"): QK_j alone in
+          // the first group, all of PV_{j-1} behind the softmax (S, the PV block, P and acc live
+          // together: 212 registers, which ptxas fits). The same products and merges as -vs3s
+          // (outputs bit-equal); tile j's P is packed once PV_{j-1} is done.
           auto mean_half = [&](auto& d, int half, int batch_tile, bool due) {
             if constexpr (VSMOOTH && VS3_PRODUCT) {
               const uint64_t desc = desc_means(mean_buffer(s_mbuf, batch_tile >> 4)) +
@@ -1003,7 +1020,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             hand_on();
           };
           for (int j = 1; j < n_tiles; ++j) {
-            if constexpr (SPLIT)
+            if constexpr (SPLIT_USED == 1)
               iteration_split(j);
             else
               iteration(j, Issue<VSMOOTH ? MeanIssue::GUARDED : MeanIssue::NONE>{});
@@ -1147,7 +1164,7 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
 }
 
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false, bool SPLIT = false>
+          bool VS3 = false, int SPLIT = 0>
 struct Variant {
   using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, VS3>;
   static constexpr auto kernel =
@@ -1196,14 +1213,17 @@ struct Variant {
 // faster at 7x the deviation from the emulation).
 //   4 pingpong-2lvl-vs3s-split  as 3, PV_{j-1} in two halves of its columns, tile j's softmax
 //                               while the second half runs (not yet measured)
-constexpr int N_VARIANTS = 5;
+//   5 pingpong-2lvl-vs3s-late   as 3, tile j's softmax while all of PV_{j-1} runs (exp2 without
+//                               V-Smooth: the code of 4) (not yet measured)
+constexpr int N_VARIANTS = 6;
 static_assert(VARIANT_BLOCKED_MEANS == 3, "pingpong-2lvl-vs3s reads the means blocked");
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {"simple", "pingpong-2lvl", "pingpong-2lvl-vs",
                                                    "pingpong-2lvl-vs3s",
-                                                   "pingpong-2lvl-vs3s-split"};
+                                                   "pingpong-2lvl-vs3s-split",
+                                                   "pingpong-2lvl-vs3s-late"};
 constexpr int STAGES_ALL = 3;
 
-template <bool PINGPONG, bool VSX = false, bool VS3 = false, bool SPLIT = false>
+template <bool PINGPONG, bool VSX = false, bool VS3 = false, int SPLIT = 0>
 struct Family {
   template <bool E, bool V>
   using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3, SPLIT>;
@@ -1289,8 +1309,9 @@ const char* forward(const ForwardArgs& a) {
     case 1: return Family<true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 2: return Family<true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 3: return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    default:  // 4 (forward checked the range)
-      return Family<true, true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    case 4: return Family<true, true, true, 1>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    default:  // 5 (forward checked the range)
+      return Family<true, true, true, 2>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
   }
 }
 
@@ -1301,7 +1322,8 @@ const char* describe() {
   Family<true>::describe(text, sizeof(text), VARIANT_NAMES[1]);
   Family<true, true>::describe(text, sizeof(text), VARIANT_NAMES[2]);
   Family<true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[3]);
-  Family<true, true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[4]);
+  Family<true, true, true, 1>::describe(text, sizeof(text), VARIANT_NAMES[4]);
+  Family<true, true, true, 2>::describe(text, sizeof(text), VARIANT_NAMES[5]);
   return text;
 }
 
