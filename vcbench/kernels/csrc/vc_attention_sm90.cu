@@ -317,12 +317,14 @@ __device__ __forceinline__ void issue_pv_half(float (&pv)[NB], const uint32_t (&
       if (kk == 0)
         wgmma_e4m3_rs_n72_first(pv, p[0], p[1], p[2], p[3], desc);
       else
-        wgmma_e4m3_rs_n72(pv, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], desc + 2 * kk);
+        wgmma_e4m3_rs_n72(pv, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                          desc + 2 * kk);
     } else {
       if (kk == 0)
         wgmma_e4m3_rs_n64_first(pv, p[0], p[1], p[2], p[3], desc);
       else
-        wgmma_e4m3_rs_n64(pv, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], desc + 2 * kk);
+        wgmma_e4m3_rs_n64(pv, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                          desc + 2 * kk);
     }
   }
 }
@@ -429,7 +431,8 @@ __device__ __forceinline__ void pack_p(uint32_t (&p)[16], const uint32_t (&s)[64
   for (int c = 0; c < 8; ++c)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      p[2 * c + h] = EXPCAST ? prmt(s[4 * c + 2 * h], s[4 * (c + 8) + 2 * h], 0x5410) : s[4 * c + 2 * h];
+      p[2 * c + h] =
+          EXPCAST ? prmt(s[4 * c + 2 * h], s[4 * (c + 8) + 2 * h], 0x5410) : s[4 * c + 2 * h];
 }
 
 // acc += A B for the 16 mean rows: A (16 rows x 16 tiles, fp16, in mma.sync's A fragment a)
@@ -584,9 +587,9 @@ __device__ __forceinline__ void tile_rowsum(const float (&pv)[NACC], const float
 // Hopper's FP8 wgmma keeps only 13 mantissa bits of the accumulator it adds to (SageAttention2
 // measured it; FlashAttention's FP8 forward lost accuracy on long sequences from it), so
 // accumulating 4 x n_tiles wgmmas into one register block truncates it that many times.
-// acc[FIRST + i] = acc[FIRST + i] * alpha + pv[i] for i < COUNT: a block holding columns
-// 2 FIRST .. (SPLIT's halves: FIRST 0 and 32, COUNT 32); register i of a block is row
-// g + 8 ((i >> 1) & 1), as in acc (FIRST is a multiple of 4).
+// acc[FIRST + i] = acc[FIRST + i] * alpha + pv[i] for i < COUNT, where pv is a block of the PV
+// product whose first output column is 2 FIRST (all of it: FIRST 0; SPLIT's halves: FIRST 0
+// and 32, COUNT 32), so its register i is acc's register FIRST + i, row g + 8 ((i >> 1) & 1).
 template <int FIRST, int COUNT, int NACC>
 __device__ __forceinline__ void merge_cols(float (&acc)[64], const float (&pv)[NACC],
                                            const float (&alpha)[2]) {
