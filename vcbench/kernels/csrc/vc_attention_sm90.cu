@@ -552,15 +552,15 @@ __device__ __forceinline__ void store_weights(uint8_t* wtile, const uint32_t (&a
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// How a turn of -vs3s issues V-Smooth's mean product: NONE, ALWAYS (the final turns, weights in
-// registers), or GUARDED (the loop: one body, the wgmma under a guard predicate, its weights from
-// shared memory). A wgmma under its own branch made ptxas serialize every wgmma of the loop
-// (C7520); the guarded register form serialized ExpCast's (C7511, its 68-register PV block), and
-// two straight copies of the loop body, which avoided both, cost ~3 ms (docs/perf.md, session 15).
-enum class MeanIssue { NONE, ALWAYS, GUARDED };
-template <MeanIssue M>
-struct Issue {
-  static constexpr MeanIssue value = M;
+// How -vs3s issues V-Smooth's mean product: in the loop, one body with the wgmma under a guard
+// predicate and its weights from shared memory; in the final turns, straight paths with the
+// weights in registers (a tag type picks the path). A wgmma under its own branch made ptxas
+// serialize every wgmma of the loop (C7520); the guarded register form serialized ExpCast's
+// (C7511, its 68-register PV block), and two straight copies of the loop body, which avoided
+// both, cost ~3 ms (docs/perf.md, session 15).
+template <bool B>
+struct With {
+  static constexpr bool value = B;
 };
 
 // What of VS3's flush is compiled in: all of it, except in the timing probes (compiled.PROBES).
@@ -582,11 +582,6 @@ __device__ __forceinline__ void tile_rowsum(const float (&pv)[NACC], const float
   for (int h = 0; h < 2; ++h) r[h] = EXPCAST ? pv[NACC - 4 + 2 * h] : rsum[h];  // column 128
 }
 
-// Two-level accumulation: acc = acc * alpha + PV_j (the tile's product, held in its own
-// accumulator) and l = l * alpha + r_j, in FP32 on the CUDA cores, as the emulation does.
-// Hopper's FP8 wgmma keeps only 13 mantissa bits of the accumulator it adds to (SageAttention2
-// measured it; FlashAttention's FP8 forward lost accuracy on long sequences from it), so
-// accumulating 4 x n_tiles wgmmas into one register block truncates it that many times.
 // acc[FIRST + i] = acc[FIRST + i] * alpha + pv[i] for i < COUNT, where pv is a block of the PV
 // product whose first output column is 2 FIRST (all of it: FIRST 0; SPLIT's halves: FIRST 0
 // and 32, COUNT 32), so its register i is acc's register FIRST + i, row g + 8 ((i >> 1) & 1).
@@ -599,11 +594,19 @@ __device__ __forceinline__ void merge_cols(float (&acc)[64], const float (&pv)[N
     acc[FIRST + i] = fmaf(acc[FIRST + i], alpha[(i >> 1) & 1], pv[i]);
 }
 
+// Two-level accumulation: acc = acc * alpha + PV_j (the tile's product, held in its own
+// accumulator) and l = l * alpha + r_j, in FP32 on the CUDA cores, as the emulation does.
+// Hopper's FP8 wgmma keeps only 13 mantissa bits of the accumulator it adds to (SageAttention2
+// measured it; FlashAttention's FP8 forward lost accuracy on long sequences from it), so
+// accumulating 4 x n_tiles wgmmas into one register block truncates it that many times.
+// pv is the block holding PV_j's last columns: all of PV (64 or 68 registers), or SPLIT's second
+// half (32 or 36), whose first half was merged before (merge_cols<0, 32>).
 template <int NACC>
 __device__ __forceinline__ void merge_tile(float (&acc)[64], const float (&pv)[NACC],
                                            float (&l)[2], const float (&alpha)[2],
                                            const float (&r)[2]) {
-  merge_cols<0, 64>(acc, pv, alpha);
+  constexpr int FIRST = NACC >= 64 ? 0 : 32;
+  merge_cols<FIRST, 64 - FIRST>(acc, pv, alpha);
   l[0] = l[0] * alpha[0] + r[0];
   l[1] = l[1] * alpha[1] + r[1];
 }
@@ -899,21 +902,42 @@ __global__ void __launch_bounds__(THREADS, 1)
           auto mean_due = [&](int j) {
             return VSMOOTH && j > MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 1;
           };
-          // the mean product of the batch holding tile batch_tile, added into d (64 or 68 regs);
-          // GUARDED (the loop): only where `due`, the weights read from this warpgroup's A tile
-          // in shared memory; ALWAYS (the final turns): from the registers w
+          // the mean product of the batch holding tile batch_tile, added into d: in the loop
+          // (mean_guarded) only where `due`, the weights read from this warpgroup's A tile in
+          // shared memory, into a whole PV block (64 or 68 registers, all 128 channels) or
+          // SPLIT's half block `half` (its 64 channels); in the final turns (mean_registers)
+          // from the registers w
           uint8_t* const wtile = smem + C::WBUF_OFF + cw * 64 * MEAN_BATCH * 2;
-          auto mean_product = [&](auto& d, const uint32_t (&w)[4], int batch_tile, auto mean,
-                                  bool due) {
+          auto mean_guarded = [&](auto& d, int batch_tile, bool due, int half = 0) {
             if constexpr (VSMOOTH && VS3_PRODUCT) {
-              const uint64_t desc = desc_means(mean_buffer(s_mbuf, batch_tile >> 4));
-              if constexpr (decltype(mean)::value == MeanIssue::GUARDED)
-                wgmma_f16_ss_n128_if(d, desc_means(smem_u32(wtile)), desc, due);
+              const uint64_t a = desc_means(smem_u32(wtile));
+              const uint64_t b = desc_means(mean_buffer(s_mbuf, batch_tile >> 4)) +
+                                 half * ((8 * 256) >> 4);  // channel 64: 8 core matrices on
+              if constexpr (sizeof(d) / sizeof(float) >= 64)
+                wgmma_f16_ss_n128_if(d, a, b, due);
               else
-                wgmma_f16_rs_n128(d, w, desc);
+                wgmma_f16_ss_n64_if(d, a, b, due);
             }
           };
-          auto land_vs3 = [&](const float (&pvb)[C::NACC], int t) {
+          auto mean_registers = [&](auto& d, const uint32_t (&w)[4], int batch_tile) {
+            if constexpr (VSMOOTH && VS3_PRODUCT)
+              wgmma_f16_rs_n128(d, w, desc_means(mean_buffer(s_mbuf, batch_tile >> 4)));
+          };
+          // before iteration j's turn: whether a batch's product is due in it, and if so its
+          // weights, against tile j - 1's max, stored for mean_guarded
+          auto stage_weights = [&](int j) {
+            const bool due = mean_due(j);
+            if constexpr (VSMOOTH && VS3_WEIGHTS) {
+              if (due) {
+                uint32_t mw[4];
+                mean_weights4(mw, rb4, m_prev, MEAN_BATCH, lane);
+                store_weights(wtile, mw, warp, lane);
+              }
+            }
+            return due;
+          };
+          // tile t's PV block (all of it, or SPLIT's second half) merged, and its (r, m) stored
+          auto land_vs3 = [&](const auto& pvb, int t) {
             float r[2];
             tile_rowsum<EXPCAST>(pvb, r_prev, r);
             merge_tile(acc, pvb, l, a_prev, r);
@@ -925,23 +949,13 @@ __global__ void __launch_bounds__(THREADS, 1)
           // ptxas serializes the late form's wgmmas for exp2 without V-Smooth (C7513): that
           // instance runs the halves
           constexpr int SPLIT_USED = (SPLIT == 2 && !EXPCAST && !VSMOOTH) ? 1 : SPLIT;
-          // One iteration; its turn also issues a batch's mean product as `mean` says (SPLIT 2:
+          // One iteration; its turn also issues a batch's mean product where one is due (SPLIT 2:
           // tile j's softmax before PV_{j-1} is waited for).
-          auto iteration = [&](int j, auto mean) {
-            constexpr MeanIssue MEAN = decltype(mean)::value;
+          auto iteration = [&](int j) {
             const int prev = (j - 1) % STAGES;
-            const bool due = MEAN == MeanIssue::ALWAYS || (MEAN == MeanIssue::GUARDED && mean_due(j));
-            uint32_t mw[4];
-            if constexpr (MEAN != MeanIssue::NONE && VS3_WEIGHTS) {
-              if (due) {
-                mean_weights4(mw, rb4, m_prev, MEAN_BATCH, lane);
-                if constexpr (MEAN == MeanIssue::GUARDED) store_weights(wtile, mw, warp, lane);
-              }
-            }
+            const bool due = stage_weights(j);
             float pv[C::NACC];
-            take_turn(j, prev, pv, [&](float (&d)[C::NACC]) {
-              if constexpr (MEAN != MeanIssue::NONE) mean_product(d, mw, j - 2, mean, due);
-            });
+            take_turn(j, prev, pv, [&](float (&d)[C::NACC]) { mean_guarded(d, j - 2, due); });
             const float ks_j = ldg_pinned(k_scale + j);  // still under the wgmma wait
             if constexpr (SPLIT_USED == 2) {  // QK_j landed: its softmax while PV_{j-1} runs
               wgmma_wait<1>();
@@ -970,23 +984,9 @@ __global__ void __launch_bounds__(THREADS, 1)
           // the first group, all of PV_{j-1} behind the softmax (S, the PV block, P and acc live
           // together: 212 registers, which ptxas fits). The same products and merges as -vs3s
           // (outputs bit-equal); tile j's P is packed once PV_{j-1} is done.
-          auto mean_half = [&](auto& d, int half, int batch_tile, bool due) {
-            if constexpr (VSMOOTH && VS3_PRODUCT) {
-              const uint64_t desc = desc_means(mean_buffer(s_mbuf, batch_tile >> 4)) +
-                                    half * ((8 * 256) >> 4);  // channel 64: 8 core matrices on
-              wgmma_f16_ss_n64_if(d, desc_means(smem_u32(wtile)), desc, due);
-            }
-          };
           auto iteration_split = [&](int j) {
             const int st = j % STAGES, prev = (j - 1) % STAGES;
-            const bool due = mean_due(j);
-            if constexpr (VSMOOTH && VS3_WEIGHTS) {
-              if (due) {
-                uint32_t mw[4];
-                mean_weights4(mw, rb4, m_prev, MEAN_BATCH, lane);
-                store_weights(wtile, mw, warp, lane);
-              }
-            }
+            const bool due = stage_weights(j);
             float pva[32], pvb[C::NACC - 32];
             mbar_wait(full(st), (j / STAGES) & 1);
             named_sync(my_turn, 256);
@@ -994,10 +994,10 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_fence();
             issue_qk(s, desc_q, desc_k(st));
             issue_pv_half<0>(pva, p, desc_v(prev));
-            mean_half(pva, 0, j - 2, due);
+            mean_guarded(pva, j - 2, due, 0);
             wgmma_commit();
             issue_pv_half<1>(pvb, p, desc_v(prev));
-            mean_half(pvb, 1, j - 2, due);
+            mean_guarded(pvb, j - 2, due, 1);
             wgmma_commit();
             named_arrive(their_turn, 256);
             const float ks_j = ldg_pinned(k_scale + j);  // still under the wgmma wait
@@ -1010,34 +1010,25 @@ __global__ void __launch_bounds__(THREADS, 1)
             reg_fence(pvb);
             reg_fence(p);
             mbar_arrive(empty(prev));
-            float r[2];
-            tile_rowsum<EXPCAST>(pvb, r_prev, r);
-            merge_cols<32, 32>(acc, pvb, a_prev);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) l[h] = l[h] * a_prev[h] + r[h];
-            if constexpr (VSMOOTH) {
-              if (rb_writer)
-                rb4[((j - 1) & (MEAN_BATCH - 1)) * 64] =
-                    make_float4(r[0], m_prev[0], r[1], m_prev[1]);
-            }
+            land_vs3(pvb, j - 1);
             hand_on();
           };
           for (int j = 1; j < n_tiles; ++j) {
             if constexpr (SPLIT_USED == 1)
               iteration_split(j);
             else
-              iteration(j, Issue<VSMOOTH ? MeanIssue::GUARDED : MeanIssue::NONE>{});
+              iteration(j);
           }
           const int last = n_tiles - 1;
           // the final turn, as two straight paths; MEAN: the batch that ended with tile
           // last - 1 is complete and its product joins tile last's
           auto final_turn = [&](auto mean) {
-            constexpr bool MEAN = decltype(mean)::value == MeanIssue::ALWAYS;
+            constexpr bool MEAN = decltype(mean)::value;
             uint32_t mw[4];
             if constexpr (MEAN && VS3_WEIGHTS) mean_weights4(mw, rb4, m_prev, MEAN_BATCH, lane);
             float pv[C::NACC];
             take_last_turn(pv, [&](float (&d)[C::NACC]) {
-              if constexpr (MEAN) mean_product(d, mw, last - 1, mean, true);
+              if constexpr (MEAN) mean_registers(d, mw, last - 1);
             });
             wgmma_wait<0>();
             reg_fence(pv);
@@ -1046,16 +1037,16 @@ __global__ void __launch_bounds__(THREADS, 1)
             land_vs3(pv, last);
           };
           if (mean_due(last + 1))
-            final_turn(Issue<MeanIssue::ALWAYS>{});
+            final_turn(With<true>{});
           else
-            final_turn(Issue<MeanIssue::NONE>{});
+            final_turn(With<false>{});
           if constexpr (VSMOOTH) {  // the last batch, against the final max, into acc
             uint32_t mw[4] = {0u, 0u, 0u, 0u};
             if constexpr (VS3_WEIGHTS)
               mean_weights4(mw, rb4, m_prev, (last & (MEAN_BATCH - 1)) + 1, lane);
             reg_fence(acc);
             wgmma_fence();
-            mean_product(acc, mw, last, Issue<MeanIssue::ALWAYS>{}, true);
+            mean_registers(acc, mw, last);
             wgmma_commit();
             wgmma_wait<0>();
             reg_fence(acc);
