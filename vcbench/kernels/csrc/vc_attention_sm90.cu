@@ -946,21 +946,31 @@ __global__ void __launch_bounds__(THREADS, 1)
                 rb4[(t & (MEAN_BATCH - 1)) * 64] = make_float4(r[0], m_prev[0], r[1], m_prev[1]);
             }
           };
-          // ptxas serializes the late form's wgmmas for exp2 without V-Smooth (C7513): that
-          // instance runs the halves
-          constexpr int SPLIT_USED = (SPLIT == 2 && !EXPCAST && !VSMOOTH) ? 1 : SPLIT;
+          // ptxas serializes the late form's wgmmas on the exp2 path (C7513): its instances
+          // run -vs3s's code
+          constexpr int SPLIT_USED = (SPLIT == 2 && !EXPCAST) ? 0 : SPLIT;
           // One iteration; its turn also issues a batch's mean product where one is due (SPLIT 2:
           // tile j's softmax before PV_{j-1} is waited for).
           auto iteration = [&](int j) {
             const int prev = (j - 1) % STAGES;
             const bool due = stage_weights(j);
             float pv[C::NACC];
-            take_turn(j, prev, pv, [&](float (&d)[C::NACC]) { mean_guarded(d, j - 2, due); });
+            if constexpr (SPLIT_USED == 2)  // the mean product after QK_j has landed (below)
+              take_turn(j, prev, pv, nothing);
+            else
+              take_turn(j, prev, pv, [&](float (&d)[C::NACC]) { mean_guarded(d, j - 2, due); });
             const float ks_j = ldg_pinned(k_scale + j);  // still under the wgmma wait
             if constexpr (SPLIT_USED == 2) {  // QK_j landed: its softmax while PV_{j-1} runs
               wgmma_wait<1>();
               reg_fence(s);
               softmax_ks(j, ks_j);
+              // The mean product after the softmax, in a group of its own: ptxas gives a guarded
+              // wgmma its own hardware group (a branch and a dummy HGMMA), so in the turn's PV
+              // group it made wait<1> wait for PV_{j-1} too; issued before the softmax, it made
+              // ptxas serialize the wgmmas (C7511) (docs/perf.md, session 17).
+              wgmma_fence();
+              mean_guarded(pv, j - 2, due);
+              wgmma_commit();
               wgmma_wait<0>();
               reg_fence(pv);
               reg_fence(p);
