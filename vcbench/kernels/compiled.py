@@ -63,7 +63,8 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # (S, the PV block, P and acc all live: ptxas fits them without spilling). exp2 without V-Smooth
 # runs -split's code there (ptxas serialized the late form, C7513). Not yet measured.
 VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3s": 3,
-            "pingpong-2lvl-vs3s-split": 4, "pingpong-2lvl-vs3s-late": 5}
+            "pingpong-2lvl-vs3s-split": 4, "pingpong-2lvl-vs3s-late": 5,
+            "pingpong-2lvl-vs3s-late-3g": 6}
 BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3s"  # the .cuh's VARIANT_BLOCKED_MEANS: it and later ones
 MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
 
@@ -79,9 +80,10 @@ def default_variant(plan) -> str:
     plan as vc-8bit-vsmooth's without the mean term)."""
     from vcbench.kernels.probability import ExpCast
 
+    expcast = isinstance(plan.p, ExpCast)
     if plan.vsmooth is not None:
-        return "pingpong-2lvl-vs3s"
-    return "pingpong-2lvl-vs" if isinstance(plan.p, ExpCast) else "simple"
+        return "pingpong-2lvl-vs3s-late-3g" if expcast else "pingpong-2lvl-vs3s"
+    return "pingpong-2lvl-vs3s-late" if expcast else "simple"
 
 
 IMPLEMENTATION = "vcbench-sm90"

@@ -925,12 +925,12 @@ __global__ void __launch_bounds__(THREADS, 1)
           };
           // before iteration j's turn: whether a batch's product is due in it, and if so its
           // weights, against tile j - 1's max, stored for mean_guarded
-          auto stage_weights = [&](int j) {
+          auto stage_weights = [&](int j, const float (&m_ref)[2]) {
             const bool due = mean_due(j);
             if constexpr (VSMOOTH && VS3_WEIGHTS) {
               if (due) {
                 uint32_t mw[4];
-                mean_weights4(mw, rb4, m_prev, MEAN_BATCH, lane);
+                mean_weights4(mw, rb4, m_ref, MEAN_BATCH, lane);
                 store_weights(wtile, mw, warp, lane);
               }
             }
@@ -946,14 +946,14 @@ __global__ void __launch_bounds__(THREADS, 1)
                 rb4[(t & (MEAN_BATCH - 1)) * 64] = make_float4(r[0], m_prev[0], r[1], m_prev[1]);
             }
           };
-          // ptxas serializes the late form's wgmmas on the exp2 path (C7513): its instances
+          // ptxas serializes the late forms' wgmmas on the exp2 path (C7513): their instances
           // run -vs3s's code
-          constexpr int SPLIT_USED = (SPLIT == 2 && !EXPCAST) ? 0 : SPLIT;
+          constexpr int SPLIT_USED = (SPLIT >= 2 && !EXPCAST) ? 0 : SPLIT;
           // One iteration; its turn also issues a batch's mean product where one is due (SPLIT 2:
           // tile j's softmax before PV_{j-1} is waited for).
           auto iteration = [&](int j) {
             const int prev = (j - 1) % STAGES;
-            const bool due = stage_weights(j);
+            const bool due = stage_weights(j, m_prev);
             float pv[C::NACC];
             if constexpr (SPLIT_USED == 2)  // the mean product after QK_j has landed (below)
               take_turn(j, prev, pv, nothing);
@@ -996,7 +996,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           // (outputs bit-equal); tile j's P is packed once PV_{j-1} is done.
           auto iteration_split = [&](int j) {
             const int st = j % STAGES, prev = (j - 1) % STAGES;
-            const bool due = stage_weights(j);
+            const bool due = stage_weights(j, m_prev);
             float pva[32], pvb[C::NACC - 32];
             mbar_wait(full(st), (j / STAGES) & 1);
             named_sync(my_turn, 256);
@@ -1023,9 +1023,41 @@ __global__ void __launch_bounds__(THREADS, 1)
             land_vs3(pvb, j - 1);
             hand_on();
           };
+          // SPLIT 3 ("-late-3g"): -late with the mean product in a third group of the turn, so it
+          // queues right behind PV_{j-1} (wait<2>: QK_j only). -late's mean product after the
+          // softmax (or its dummy HGMMA where none is due, every tile) queues behind the other
+          // warpgroup's turn, which wait<0> then waits for.
+          auto iteration_late_3g = [&](int j) {
+            const int st = j % STAGES, prev = (j - 1) % STAGES;
+            const bool due = stage_weights(j, m_prev);
+            float pv[C::NACC];
+            mbar_wait(full(st), (j / STAGES) & 1);
+            named_sync(my_turn, 256);
+            reg_fence(p);
+            wgmma_fence();
+            issue_qk(s, desc_q, desc_k(st));
+            wgmma_commit();
+            issue_pv<true>(pv, p, desc_v(prev));
+            wgmma_commit();
+            mean_guarded(pv, j - 2, due);
+            wgmma_commit();
+            named_arrive(their_turn, 256);
+            const float ks_j = ldg_pinned(k_scale + j);  // still under the wgmma wait
+            wgmma_wait<2>();
+            reg_fence(s);
+            softmax_ks(j, ks_j);
+            wgmma_wait<0>();
+            reg_fence(pv);
+            reg_fence(p);
+            mbar_arrive(empty(prev));
+            land_vs3(pv, j - 1);
+            hand_on();
+          };
           for (int j = 1; j < n_tiles; ++j) {
             if constexpr (SPLIT_USED == 1)
               iteration_split(j);
+            else if constexpr (SPLIT_USED == 3)
+              iteration_late_3g(j);
             else
               iteration(j);
           }
@@ -1217,14 +1249,17 @@ struct Variant {
 // faster at 7x the deviation from the emulation).
 //   4 pingpong-2lvl-vs3s-split  as 3, PV_{j-1} in two halves of its columns, tile j's softmax
 //                               while the second half runs (not yet measured)
-//   5 pingpong-2lvl-vs3s-late   as 3, tile j's softmax while all of PV_{j-1} runs (exp2 without
-//                               V-Smooth: the code of 4) (not yet measured)
-constexpr int N_VARIANTS = 6;
+//   5 pingpong-2lvl-vs3s-late   as 3, tile j's softmax while all of PV_{j-1} runs, the mean
+//                               product after it (exp2: the code of 3)
+//   6 pingpong-2lvl-vs3s-late-3g  as 5, the mean product in a third group of the turn (exp2: the
+//                               code of 3) (not yet measured)
+constexpr int N_VARIANTS = 7;
 static_assert(VARIANT_BLOCKED_MEANS == 3, "pingpong-2lvl-vs3s reads the means blocked");
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {"simple", "pingpong-2lvl", "pingpong-2lvl-vs",
                                                    "pingpong-2lvl-vs3s",
                                                    "pingpong-2lvl-vs3s-split",
-                                                   "pingpong-2lvl-vs3s-late"};
+                                                   "pingpong-2lvl-vs3s-late",
+                                                   "pingpong-2lvl-vs3s-late-3g"};
 constexpr int STAGES_ALL = 3;
 
 template <bool PINGPONG, bool VSX = false, bool VS3 = false, int SPLIT = 0>
@@ -1314,8 +1349,9 @@ const char* forward(const ForwardArgs& a) {
     case 2: return Family<true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 3: return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 4: return Family<true, true, true, 1>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    default:  // 5 (forward checked the range)
-      return Family<true, true, true, 2>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    case 5: return Family<true, true, true, 2>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    default:  // 6 (forward checked the range)
+      return Family<true, true, true, 3>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
   }
 }
 
@@ -1328,6 +1364,7 @@ const char* describe() {
   Family<true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[3]);
   Family<true, true, true, 1>::describe(text, sizeof(text), VARIANT_NAMES[4]);
   Family<true, true, true, 2>::describe(text, sizeof(text), VARIANT_NAMES[5]);
+  Family<true, true, true, 3>::describe(text, sizeof(text), VARIANT_NAMES[6]);
   return text;
 }
 
