@@ -70,7 +70,7 @@ def main() -> int:
         ok &= not problems
         label = (f"{'pingpong' if pingpong else 'simple'} "
                  f"{'expcast' if expcast else 'exp2'}{' vsmooth' if vsmooth else ''} s{stages}"
-                 f"{' vsx' if vsx else ''}{' vs3s' if vs3 else ''}{('', ' split', ' late', ' late-3g')[split]}")
+                 f"{' vsx' if vsx else ''}{' vs3s' if vs3 else ''}{('', ' split', ' late', ' late-3g', ' late-2b')[split]}")
         print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
               f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
               f"{'ok' if not problems else '; '.join(problems)}")

@@ -64,7 +64,7 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # runs -split's code there (ptxas serialized the late form, C7513). Not yet measured.
 VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3s": 3,
             "pingpong-2lvl-vs3s-split": 4, "pingpong-2lvl-vs3s-late": 5,
-            "pingpong-2lvl-vs3s-late-3g": 6}
+            "pingpong-2lvl-vs3s-late-3g": 6, "pingpong-2lvl-vs3s-late-2b": 7}
 BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3s"  # the .cuh's VARIANT_BLOCKED_MEANS: it and later ones
 MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
 
@@ -82,8 +82,8 @@ def default_variant(plan) -> str:
 
     expcast = isinstance(plan.p, ExpCast)
     if plan.vsmooth is not None:
-        return "pingpong-2lvl-vs3s-late-3g" if expcast else "pingpong-2lvl-vs3s"
-    return "pingpong-2lvl-vs3s-late" if expcast else "simple"
+        return "pingpong-2lvl-vs3s-late-2b" if expcast else "pingpong-2lvl-vs3s"
+    return "pingpong-2lvl-vs3s-late-2b" if expcast else "simple"
 
 
 IMPLEMENTATION = "vcbench-sm90"

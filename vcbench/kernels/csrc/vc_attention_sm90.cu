@@ -1053,12 +1053,49 @@ __global__ void __launch_bounds__(THREADS, 1)
             land_vs3(pv, j - 1);
             hand_on();
           };
+          // SPLIT 4 ("-late-2b"): -late-3g as two loop bodies, with the mean product (MEAN) and
+          // without: where none is due the turn carries no guarded wgmma, hence no dummy HGMMA
+          // and no third group.
+          auto iteration_late_2b = [&](int j, auto mean) {
+            constexpr bool MEAN = decltype(mean)::value;
+            const int st = j % STAGES, prev = (j - 1) % STAGES;
+            if constexpr (MEAN) stage_weights(j, m_prev);
+            float pv[C::NACC];
+            mbar_wait(full(st), (j / STAGES) & 1);
+            named_sync(my_turn, 256);
+            reg_fence(p);
+            wgmma_fence();
+            issue_qk(s, desc_q, desc_k(st));
+            wgmma_commit();
+            issue_pv<true>(pv, p, desc_v(prev));
+            wgmma_commit();
+            if constexpr (MEAN) {
+              mean_guarded(pv, j - 2, true);
+              wgmma_commit();
+            }
+            named_arrive(their_turn, 256);
+            const float ks_j = ldg_pinned(k_scale + j);  // still under the wgmma wait
+            wgmma_wait<MEAN ? 2 : 1>();
+            reg_fence(s);
+            softmax_ks(j, ks_j);
+            wgmma_wait<0>();
+            reg_fence(pv);
+            reg_fence(p);
+            mbar_arrive(empty(prev));
+            land_vs3(pv, j - 1);
+            hand_on();
+          };
           for (int j = 1; j < n_tiles; ++j) {
             if constexpr (SPLIT_USED == 1)
               iteration_split(j);
             else if constexpr (SPLIT_USED == 3)
               iteration_late_3g(j);
-            else
+            else if constexpr (SPLIT_USED == 4) {
+              if (mean_due(j))
+                iteration_late_2b(j, With<true>{});
+              else
+                iteration_late_2b(j, With<false>{});
+            } else
               iteration(j);
           }
           const int last = n_tiles - 1;
@@ -1252,14 +1289,17 @@ struct Variant {
 //   5 pingpong-2lvl-vs3s-late   as 3, tile j's softmax while all of PV_{j-1} runs, the mean
 //                               product after it (exp2: the code of 3)
 //   6 pingpong-2lvl-vs3s-late-3g  as 5, the mean product in a third group of the turn (exp2: the
-//                               code of 3) (not yet measured)
-constexpr int N_VARIANTS = 7;
+//                               code of 3)
+//   7 pingpong-2lvl-vs3s-late-2b  as 6, two loop bodies: the mean product's and one without it
+//                               (exp2: the code of 3) (not yet measured)
+constexpr int N_VARIANTS = 8;
 static_assert(VARIANT_BLOCKED_MEANS == 3, "pingpong-2lvl-vs3s reads the means blocked");
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {"simple", "pingpong-2lvl", "pingpong-2lvl-vs",
                                                    "pingpong-2lvl-vs3s",
                                                    "pingpong-2lvl-vs3s-split",
                                                    "pingpong-2lvl-vs3s-late",
-                                                   "pingpong-2lvl-vs3s-late-3g"};
+                                                   "pingpong-2lvl-vs3s-late-3g",
+                                                   "pingpong-2lvl-vs3s-late-2b"};
 constexpr int STAGES_ALL = 3;
 
 template <bool PINGPONG, bool VSX = false, bool VS3 = false, int SPLIT = 0>
@@ -1350,8 +1390,9 @@ const char* forward(const ForwardArgs& a) {
     case 3: return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 4: return Family<true, true, true, 1>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 5: return Family<true, true, true, 2>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    default:  // 6 (forward checked the range)
-      return Family<true, true, true, 3>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    case 6: return Family<true, true, true, 3>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    default:  // 7 (forward checked the range)
+      return Family<true, true, true, 4>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
   }
 }
 
@@ -1365,6 +1406,7 @@ const char* describe() {
   Family<true, true, true, 1>::describe(text, sizeof(text), VARIANT_NAMES[4]);
   Family<true, true, true, 2>::describe(text, sizeof(text), VARIANT_NAMES[5]);
   Family<true, true, true, 3>::describe(text, sizeof(text), VARIANT_NAMES[6]);
+  Family<true, true, true, 4>::describe(text, sizeof(text), VARIANT_NAMES[7]);
   return text;
 }
 
