@@ -26,18 +26,16 @@ from vcbench.timing.timeit import PRESETS, attention_flops, make_inputs
 
 SAGE2_OFFICIAL_MS = 128.5  # ../shared/anchors/h200-attention.md, Wan2.2 shape, kernel only
 # which compiled variants to time per method (all of them for the product's method)
-SPLIT, LATE, LATE3 = "pingpong-2lvl-vs3s-split", "pingpong-2lvl-vs3s-late", "pingpong-2lvl-vs3s-late-3g"
-LATE2B = "pingpong-2lvl-vs3s-late-2b"
-METHODS = {"sage2-8bit": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", SPLIT),
-           "vc-8bit-vsmooth": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", "pingpong-2lvl-vs3s",
-                               SPLIT, LATE),
-           "vc-8bit": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", "pingpong-2lvl-vs3s", SPLIT,
-                       LATE, LATE3, LATE2B)}
+# (-late runs -vs3s's code on the exp2 path: not timed there)
+LATE = "pingpong-2lvl-vs3s-late"
+METHODS = {"sage2-8bit": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs"),
+           "vc-8bit-vsmooth": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", "pingpong-2lvl-vs3s"),
+           "vc-8bit": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", "pingpong-2lvl-vs3s", LATE)}
 # Rows that are a method with options: V-Smooth's cost measured inside one plan (the same
 # P path and scales, the mean term off; without it -vs3s runs -vs's code), not against
 # sage2-8bit's different plan.
-METHODS["vc-8bit-vsmooth/no-vsmooth"] = ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", SPLIT)
-METHODS["vc-8bit/no-vsmooth"] = ("simple", "pingpong-2lvl-vs", SPLIT, LATE, LATE3, LATE2B)
+METHODS["vc-8bit-vsmooth/no-vsmooth"] = ("simple", "pingpong-2lvl", "pingpong-2lvl-vs")
+METHODS["vc-8bit/no-vsmooth"] = ("simple", "pingpong-2lvl-vs", LATE)
 OPTIONS = {"vc-8bit-vsmooth/no-vsmooth": ("vc-8bit-vsmooth", {"vsmooth": False}),
            "vc-8bit/no-vsmooth": ("vc-8bit", {"vsmooth": False})}
 SAMPLE_HEADS, SAMPLE_ROWS = (0, 1), 256

@@ -6,6 +6,7 @@
 # time per replay pass). Exports the raw metrics and the SASS source page as CSV, prints
 # benchmarks/ncu_summary.py's digest, and packs the CSVs into $OUT/ncu-csv.tar.xz.
 # Usage (repo root, PYTHONPATH=.; builds the kernel if needed): bash benchmarks/ncu_profile.sh [SHAPE]
+# NCU_METHODS="vc-8bit vc-8bit/no-vsmooth" profiles only those plans (default: the four below).
 set -u
 OUT=${OUT:-/tmp/out}
 SHAPE=${1:-longcat-480p}
@@ -19,7 +20,7 @@ echo "build (or cached): $(( $(date +%s) - t0 )) s"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
 if [ -z "$NCU" ]; then echo "ncu not found"; exit 1; fi
 echo "ncu: $NCU ($($NCU --version | tail -n 1))"
-for m in vc-8bit vc-8bit/no-vsmooth vc-8bit-vsmooth vc-8bit-vsmooth/no-vsmooth; do
+for m in ${NCU_METHODS:-vc-8bit vc-8bit/no-vsmooth vc-8bit-vsmooth vc-8bit-vsmooth/no-vsmooth}; do
   tag=${m//\//-}
   t0=$(date +%s)
   timeout -s KILL 150 "$NCU" --clock-control none -k regex:vc_attention_kernel --launch-skip 1 \

@@ -160,9 +160,9 @@ def test_by_default_the_compiled_kernel_runs_only_when_built_and_silently_otherw
 
 def test_default_variants_follow_the_measurements():
     assert compiled.default_variant(get_method("sage2-8bit").plan()) == "simple"
-    assert compiled.default_variant(get_method("vc-8bit").plan()) == "pingpong-2lvl-vs3s-late-2b"
+    assert compiled.default_variant(get_method("vc-8bit").plan()) == "pingpong-2lvl-vs3s-late"
     assert compiled.default_variant(get_method("vc-8bit-vsmooth").plan()) == "pingpong-2lvl-vs3s"
-    assert compiled.default_variant(get_method("vc-8bit").plan({"vsmooth": False})) == "pingpong-2lvl-vs3s-late-2b"
+    assert compiled.default_variant(get_method("vc-8bit").plan({"vsmooth": False})) == "pingpong-2lvl-vs3s-late"
 
 
 def test_sm90_without_a_build_falls_back_with_one_line(monkeypatch):

@@ -114,11 +114,8 @@ def test_variants_and_triton_agree(built, method):
     # the Triton kernel accumulates in the wgmma block, which truncates the accumulator
     assert rel_l2(outs["simple"], triton) < 1e-2
     assert rel_l2(outs["pingpong-2lvl-vs3s"], triton) < 1e-2
-    # -split / the late forms: -vs3s's products and merges, in two column halves (each
-    # element's the same) / in another order against the softmax
-    for name in ("pingpong-2lvl-vs3s-split", "pingpong-2lvl-vs3s-late", "pingpong-2lvl-vs3s-late-3g",
-                 "pingpong-2lvl-vs3s-late-2b"):
-        assert rel_l2(outs[name], outs["pingpong-2lvl-vs3s"]) < 1e-6
+    # -late: -vs3s's products and merges, in another order against the softmax
+    assert rel_l2(outs["pingpong-2lvl-vs3s-late"], outs["pingpong-2lvl-vs3s"]) < 1e-6
 
 
 def test_public_api_with_vcbench_kernel_sm90(built, monkeypatch):

@@ -54,17 +54,13 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # the turn and one loop body carries the product under a guard predicate. It reads the means
 # blocked (`blocked_means`). Not the same accumulator bits as -vs (other weights' reference
 # max); without V-Smooth it is -vs's code (SASS identical).
-# "pingpong-2lvl-vs3s-split": -vs3s with PV_{j-1} issued in two halves of its columns (N = 64
-# and 64 or 72), the first in the turn's first wgmma group with QK_j, the second in its own: the
-# warpgroup waits for the first group only, runs tile j's softmax while the second half is on
-# the tensor core, then merges it. The same arithmetic as -vs3s. Not yet measured.
-# "pingpong-2lvl-vs3s-late": -vs3s with QK_j alone in the turn's first wgmma group and all of
-# PV_{j-1} in the second: tile j's softmax runs while the whole PV product is on the tensor core
-# (S, the PV block, P and acc all live: ptxas fits them without spilling). exp2 without V-Smooth
-# runs -split's code there (ptxas serialized the late form, C7513). Not yet measured.
+# "pingpong-2lvl-vs3s-late": -vs3s with QK_j alone in the turn's first wgmma group, PV_{j-1} in
+# the second and the mean product (where due) in a third: tile j's softmax runs while PV_{j-1} is
+# on the tensor core (S, the PV block, P and acc all live: ptxas fits them without spilling).
+# The same arithmetic as -vs3s. ExpCast only: on the exp2 path ptxas serialized this form
+# (C7513), so its exp2 instances run -vs3s's code.
 VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3s": 3,
-            "pingpong-2lvl-vs3s-split": 4, "pingpong-2lvl-vs3s-late": 5,
-            "pingpong-2lvl-vs3s-late-3g": 6, "pingpong-2lvl-vs3s-late-2b": 7}
+            "pingpong-2lvl-vs3s-late": 4}
 BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3s"  # the .cuh's VARIANT_BLOCKED_MEANS: it and later ones
 MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
 
@@ -82,8 +78,8 @@ def default_variant(plan) -> str:
 
     expcast = isinstance(plan.p, ExpCast)
     if plan.vsmooth is not None:
-        return "pingpong-2lvl-vs3s-late-2b" if expcast else "pingpong-2lvl-vs3s"
-    return "pingpong-2lvl-vs3s-late-2b" if expcast else "simple"
+        return "pingpong-2lvl-vs3s-late" if expcast else "pingpong-2lvl-vs3s"
+    return "pingpong-2lvl-vs3s-late" if expcast else "simple"
 
 
 IMPLEMENTATION = "vcbench-sm90"

@@ -302,33 +302,6 @@ __device__ __forceinline__ void issue_pv(float (&acc)[NACC], const uint32_t (&p)
   }
 }
 
-// SPLIT: PV_j in two halves of its output columns, each into its own register block, HALF 0
-// columns 0..63 (N = 64) and HALF 1 columns 64..127 plus ExpCast's ones column (N = 72; exp2
-// N = 64): per element the same products in the same order as issue_pv. Half 1's B starts at
-// V^T's channel row 64, 8 KB on (a multiple of the 128-byte swizzle's 1024-byte pattern).
-template <int HALF, int NB>
-__device__ __forceinline__ void issue_pv_half(float (&pv)[NB], const uint32_t (&p)[16],
-                                              uint64_t desc_v) {
-  static_assert(NB == 32 || (HALF == 1 && NB == 36), "a half block is 32 registers (+4: ones)");
-  const uint64_t desc = desc_v + HALF * ((64 * BN) >> 4);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    if constexpr (NB == 36) {
-      if (kk == 0)
-        wgmma_e4m3_rs_n72_first(pv, p[0], p[1], p[2], p[3], desc);
-      else
-        wgmma_e4m3_rs_n72(pv, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                          desc + 2 * kk);
-    } else {
-      if (kk == 0)
-        wgmma_e4m3_rs_n64_first(pv, p[0], p[1], p[2], p[3], desc);
-      else
-        wgmma_e4m3_rs_n64(pv, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                          desc + 2 * kk);
-    }
-  }
-}
-
 // The online softmax of one S tile. This thread holds rows r (h = 0) and r + 8 (h = 1), S
 // columns 8c + 2q + b (s[4c + 2h + b]). On return m holds the new running max, alpha the
 // rescale of the accumulator, rsum (exp2 path) the full row sums of P, and s the P bytes that
@@ -572,9 +545,9 @@ constexpr bool VS3_WEIGHTS = true, VS3_PRODUCT = false;
 constexpr bool VS3_WEIGHTS = true, VS3_PRODUCT = true;
 #endif
 
-// Tile j's row sums r_j (ExpCast: column 128 of the PV accumulator, the last 4 registers of the
-// block that holds it (all of PV, or SPLIT's half 1), read by the q == 0 lanes (the others read
-// zero columns); exp2 path: the FP32 sums the softmax left in rsum).
+// Tile j's row sums r_j (ExpCast: column 128 of the PV accumulator, its last 4 registers, read
+// by the q == 0 lanes (the others read zero columns); exp2 path: the FP32 sums the softmax left
+// in rsum).
 template <bool EXPCAST, int NACC>
 __device__ __forceinline__ void tile_rowsum(const float (&pv)[NACC], const float (&rsum)[2],
                                             float (&r)[2]) {
@@ -582,31 +555,20 @@ __device__ __forceinline__ void tile_rowsum(const float (&pv)[NACC], const float
   for (int h = 0; h < 2; ++h) r[h] = EXPCAST ? pv[NACC - 4 + 2 * h] : rsum[h];  // column 128
 }
 
-// acc[FIRST + i] = acc[FIRST + i] * alpha + pv[i] for i < COUNT, where pv is a block of the PV
-// product whose first output column is 2 FIRST (all of it: FIRST 0; SPLIT's halves: FIRST 0
-// and 32, COUNT 32), so its register i is acc's register FIRST + i, row g + 8 ((i >> 1) & 1).
-template <int FIRST, int COUNT, int NACC>
-__device__ __forceinline__ void merge_cols(float (&acc)[64], const float (&pv)[NACC],
-                                           const float (&alpha)[2]) {
-  static_assert(FIRST % 4 == 0 && FIRST + COUNT <= 64 && COUNT <= NACC, "columns of acc");
-#pragma unroll
-  for (int i = 0; i < COUNT; ++i)
-    acc[FIRST + i] = fmaf(acc[FIRST + i], alpha[(i >> 1) & 1], pv[i]);
-}
-
 // Two-level accumulation: acc = acc * alpha + PV_j (the tile's product, held in its own
 // accumulator) and l = l * alpha + r_j, in FP32 on the CUDA cores, as the emulation does.
 // Hopper's FP8 wgmma keeps only 13 mantissa bits of the accumulator it adds to (SageAttention2
 // measured it; FlashAttention's FP8 forward lost accuracy on long sequences from it), so
 // accumulating 4 x n_tiles wgmmas into one register block truncates it that many times.
-// pv is the block holding PV_j's last columns: all of PV (64 or 68 registers), or SPLIT's second
-// half (32 or 36), whose first half was merged before (merge_cols<0, 32>).
+// pv: PV_j's block (64 registers, or 68 with ExpCast's ones column); its register i is acc's
+// register i, row g + 8 ((i >> 1) & 1).
 template <int NACC>
 __device__ __forceinline__ void merge_tile(float (&acc)[64], const float (&pv)[NACC],
                                            float (&l)[2], const float (&alpha)[2],
                                            const float (&r)[2]) {
-  constexpr int FIRST = NACC >= 64 ? 0 : 32;
-  merge_cols<FIRST, 64 - FIRST>(acc, pv, alpha);
+  static_assert(NACC >= 64, "a whole PV block");
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = fmaf(acc[i], alpha[(i >> 1) & 1], pv[i]);
   l[0] = l[0] * alpha[0] + r[0];
   l[1] = l[1] * alpha[1] + r[1];
 }
@@ -664,7 +626,7 @@ __device__ __forceinline__ void land_2l(float (&acc)[64], const float (&pv)[NP],
 // the mean product as a wgmma in the warpgroup's turn, its weights from shared memory (see the
 // loop).
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false, int SPLIT = 0>
+          bool VS3 = false, bool LATE = false>
 __global__ void __launch_bounds__(THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
@@ -902,22 +864,14 @@ __global__ void __launch_bounds__(THREADS, 1)
           auto mean_due = [&](int j) {
             return VSMOOTH && j > MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 1;
           };
-          // the mean product of the batch holding tile batch_tile, added into d: in the loop
-          // (mean_guarded) only where `due`, the weights read from this warpgroup's A tile in
-          // shared memory, into a whole PV block (64 or 68 registers, all 128 channels) or
-          // SPLIT's half block `half` (its 64 channels); in the final turns (mean_registers)
-          // from the registers w
+          // the mean product of the batch holding tile batch_tile, added into the PV block d: in
+          // the loop (mean_guarded) only where `due`, the weights read from this warpgroup's A
+          // tile in shared memory; in the final turns (mean_registers) from the registers w
           uint8_t* const wtile = smem + C::WBUF_OFF + cw * 64 * MEAN_BATCH * 2;
-          auto mean_guarded = [&](auto& d, int batch_tile, bool due, int half = 0) {
-            if constexpr (VSMOOTH && VS3_PRODUCT) {
-              const uint64_t a = desc_means(smem_u32(wtile));
-              const uint64_t b = desc_means(mean_buffer(s_mbuf, batch_tile >> 4)) +
-                                 half * ((8 * 256) >> 4);  // channel 64: 8 core matrices on
-              if constexpr (sizeof(d) / sizeof(float) >= 64)
-                wgmma_f16_ss_n128_if(d, a, b, due);
-              else
-                wgmma_f16_ss_n64_if(d, a, b, due);
-            }
+          auto mean_guarded = [&](auto& d, int batch_tile, bool due) {
+            if constexpr (VSMOOTH && VS3_PRODUCT)
+              wgmma_f16_ss_n128_if(d, desc_means(smem_u32(wtile)),
+                                   desc_means(mean_buffer(s_mbuf, batch_tile >> 4)), due);
           };
           auto mean_registers = [&](auto& d, const uint32_t (&w)[4], int batch_tile) {
             if constexpr (VSMOOTH && VS3_PRODUCT)
@@ -925,18 +879,18 @@ __global__ void __launch_bounds__(THREADS, 1)
           };
           // before iteration j's turn: whether a batch's product is due in it, and if so its
           // weights, against tile j - 1's max, stored for mean_guarded
-          auto stage_weights = [&](int j, const float (&m_ref)[2]) {
+          auto stage_weights = [&](int j) {
             const bool due = mean_due(j);
             if constexpr (VSMOOTH && VS3_WEIGHTS) {
               if (due) {
                 uint32_t mw[4];
-                mean_weights4(mw, rb4, m_ref, MEAN_BATCH, lane);
+                mean_weights4(mw, rb4, m_prev, MEAN_BATCH, lane);
                 store_weights(wtile, mw, warp, lane);
               }
             }
             return due;
           };
-          // tile t's PV block (all of it, or SPLIT's second half) merged, and its (r, m) stored
+          // tile t's PV block merged, and its (r, m) stored
           auto land_vs3 = [&](const auto& pvb, int t) {
             float r[2];
             tile_rowsum<EXPCAST>(pvb, r_prev, r);
@@ -946,120 +900,35 @@ __global__ void __launch_bounds__(THREADS, 1)
                 rb4[(t & (MEAN_BATCH - 1)) * 64] = make_float4(r[0], m_prev[0], r[1], m_prev[1]);
             }
           };
-          // ptxas serializes the late forms' wgmmas on the exp2 path (C7513): their instances
-          // run -vs3s's code
-          constexpr int SPLIT_USED = (SPLIT >= 2 && !EXPCAST) ? 0 : SPLIT;
-          // One iteration; its turn also issues a batch's mean product where one is due (SPLIT 2:
-          // tile j's softmax before PV_{j-1} is waited for).
+          // One iteration; its turn also issues a batch's mean product where one is due.
           auto iteration = [&](int j) {
             const int prev = (j - 1) % STAGES;
-            const bool due = stage_weights(j, m_prev);
+            const bool due = stage_weights(j);
             float pv[C::NACC];
-            if constexpr (SPLIT_USED == 2)  // the mean product after QK_j has landed (below)
-              take_turn(j, prev, pv, nothing);
-            else
-              take_turn(j, prev, pv, [&](float (&d)[C::NACC]) { mean_guarded(d, j - 2, due); });
+            take_turn(j, prev, pv, [&](float (&d)[C::NACC]) { mean_guarded(d, j - 2, due); });
             const float ks_j = ldg_pinned(k_scale + j);  // still under the wgmma wait
-            if constexpr (SPLIT_USED == 2) {  // QK_j landed: its softmax while PV_{j-1} runs
-              wgmma_wait<1>();
-              reg_fence(s);
-              softmax_ks(j, ks_j);
-              // The mean product after the softmax, in a group of its own: ptxas gives a guarded
-              // wgmma its own hardware group (a branch and a dummy HGMMA), so in the turn's PV
-              // group it made wait<1> wait for PV_{j-1} too; issued before the softmax, it made
-              // ptxas serialize the wgmmas (C7511) (docs/perf.md, session 17).
-              wgmma_fence();
-              mean_guarded(pv, j - 2, due);
-              wgmma_commit();
-              wgmma_wait<0>();
-              reg_fence(pv);
-              reg_fence(p);
-              mbar_arrive(empty(prev));
-              land_vs3(pv, j - 1);
-            } else {
-              wgmma_wait<0>();
-              reg_fence(s);
-              reg_fence(pv);
-              reg_fence(p);
-              mbar_arrive(empty(prev));
-              land_vs3(pv, j - 1);
-              softmax_ks(j, ks_j);
-            }
-            hand_on();
-          };
-          // SPLIT 1 ("pingpong-2lvl-vs3s-split"): the turn issues QK_j and PV_{j-1}'s first half
-          // as one group and PV_{j-1}'s second half as another; the warpgroup waits for the first
-          // group only, merges that half and runs tile j's softmax while the second half is on
-          // the tensor core, then waits for it and merges it. SPLIT 2 ("-late"): QK_j alone in
-          // the first group, all of PV_{j-1} behind the softmax (S, the PV block, P and acc live
-          // together: 212 registers, which ptxas fits). The same products and merges as -vs3s
-          // (outputs bit-equal); tile j's P is packed once PV_{j-1} is done.
-          auto iteration_split = [&](int j) {
-            const int st = j % STAGES, prev = (j - 1) % STAGES;
-            const bool due = stage_weights(j, m_prev);
-            float pva[32], pvb[C::NACC - 32];
-            mbar_wait(full(st), (j / STAGES) & 1);
-            named_sync(my_turn, 256);
-            reg_fence(p);
-            wgmma_fence();
-            issue_qk(s, desc_q, desc_k(st));
-            issue_pv_half<0>(pva, p, desc_v(prev));
-            mean_guarded(pva, j - 2, due, 0);
-            wgmma_commit();
-            issue_pv_half<1>(pvb, p, desc_v(prev));
-            mean_guarded(pvb, j - 2, due, 1);
-            wgmma_commit();
-            named_arrive(their_turn, 256);
-            const float ks_j = ldg_pinned(k_scale + j);  // still under the wgmma wait
-            wgmma_wait<1>();
-            reg_fence(s);
-            reg_fence(pva);
-            merge_cols<0, 32>(acc, pva, a_prev);
-            softmax_ks(j, ks_j);
             wgmma_wait<0>();
-            reg_fence(pvb);
-            reg_fence(p);
-            mbar_arrive(empty(prev));
-            land_vs3(pvb, j - 1);
-            hand_on();
-          };
-          // SPLIT 3 ("-late-3g"): -late with the mean product in a third group of the turn, so it
-          // queues right behind PV_{j-1} (wait<2>: QK_j only). -late's mean product after the
-          // softmax (or its dummy HGMMA where none is due, every tile) queues behind the other
-          // warpgroup's turn, which wait<0> then waits for.
-          auto iteration_late_3g = [&](int j) {
-            const int st = j % STAGES, prev = (j - 1) % STAGES;
-            const bool due = stage_weights(j, m_prev);
-            float pv[C::NACC];
-            mbar_wait(full(st), (j / STAGES) & 1);
-            named_sync(my_turn, 256);
-            reg_fence(p);
-            wgmma_fence();
-            issue_qk(s, desc_q, desc_k(st));
-            wgmma_commit();
-            issue_pv<true>(pv, p, desc_v(prev));
-            wgmma_commit();
-            mean_guarded(pv, j - 2, due);
-            wgmma_commit();
-            named_arrive(their_turn, 256);
-            const float ks_j = ldg_pinned(k_scale + j);  // still under the wgmma wait
-            wgmma_wait<2>();
             reg_fence(s);
-            softmax_ks(j, ks_j);
-            wgmma_wait<0>();
             reg_fence(pv);
             reg_fence(p);
             mbar_arrive(empty(prev));
             land_vs3(pv, j - 1);
+            softmax_ks(j, ks_j);
             hand_on();
           };
-          // SPLIT 4 ("-late-2b"): -late-3g as two loop bodies, with the mean product (MEAN) and
-          // without: where none is due the turn carries no guarded wgmma, hence no dummy HGMMA
-          // and no third group.
-          auto iteration_late_2b = [&](int j, auto mean) {
-            constexpr bool MEAN = decltype(mean)::value;
+          // LATE ("pingpong-2lvl-vs3s-late"): QK_j alone in the turn's first wgmma group, PV_{j-1}
+          // in the second, so tile j's softmax runs while PV_{j-1} is on the tensor core (S, the
+          // PV block, P and acc all live: 212 registers, which ptxas fits); tile j's P is packed
+          // once PV_{j-1} is done. The mean product, where one is due, goes in a third group:
+          // ptxas gives a guarded wgmma a hardware group of its own (a branch and a dummy
+          // HGMMA), so in PV's group it made wait<1> wait for PV_{j-1} too, and issued after the
+          // softmax it queued behind the other warpgroup's turn (docs/perf.md, session 17). The
+          // same products and merges as -vs3s (outputs bit-equal). On the exp2 path ptxas
+          // serializes this form's wgmmas (C7513): its instances run -vs3s's code.
+          constexpr bool LATE_USED = LATE && EXPCAST;
+          auto iteration_late = [&](int j) {
             const int st = j % STAGES, prev = (j - 1) % STAGES;
-            if constexpr (MEAN) stage_weights(j, m_prev);
+            const bool due = stage_weights(j);
             float pv[C::NACC];
             mbar_wait(full(st), (j / STAGES) & 1);
             named_sync(my_turn, 256);
@@ -1069,13 +938,13 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_commit();
             issue_pv<true>(pv, p, desc_v(prev));
             wgmma_commit();
-            if constexpr (MEAN) {
-              mean_guarded(pv, j - 2, true);
+            if constexpr (VSMOOTH) {
+              mean_guarded(pv, j - 2, due);
               wgmma_commit();
             }
             named_arrive(their_turn, 256);
             const float ks_j = ldg_pinned(k_scale + j);  // still under the wgmma wait
-            wgmma_wait<MEAN ? 2 : 1>();
+            wgmma_wait<VSMOOTH ? 2 : 1>();
             reg_fence(s);
             softmax_ks(j, ks_j);
             wgmma_wait<0>();
@@ -1086,16 +955,9 @@ __global__ void __launch_bounds__(THREADS, 1)
             hand_on();
           };
           for (int j = 1; j < n_tiles; ++j) {
-            if constexpr (SPLIT_USED == 1)
-              iteration_split(j);
-            else if constexpr (SPLIT_USED == 3)
-              iteration_late_3g(j);
-            else if constexpr (SPLIT_USED == 4) {
-              if (mean_due(j))
-                iteration_late_2b(j, With<true>{});
-              else
-                iteration_late_2b(j, With<false>{});
-            } else
+            if constexpr (LATE_USED)
+              iteration_late(j);
+            else
               iteration(j);
           }
           const int last = n_tiles - 1;
@@ -1237,11 +1099,11 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
 }
 
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false, int SPLIT = 0>
+          bool VS3 = false, bool LATE = false>
 struct Variant {
   using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, VS3>;
   static constexpr auto kernel =
-      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, SPLIT>;
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, LATE>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
@@ -1277,35 +1139,29 @@ struct Variant {
 //                        block of the tile after the batch, weighted against that tile's max),
 //                        its weights stored to shared memory, the means blocked
 //                        (compiled.blocked_means): no mma.sync, one loop body
+//   4 pingpong-2lvl-vs3s-late  as 3, tile j's softmax while PV_{j-1} runs (QK_j, PV_{j-1} and
+//                        the mean product in three wgmma groups of the turn); exp2: 3's code
 // The measured losers are gone (docs/perf.md, sessions 11-16): direct accumulation into the
 // wgmma block ("pingpong", "simple-direct": the accumulator's truncation drifts from the
 // emulation), ExpCast's FFMA + FMNMX + FADD form (the "-sat" variants won), "-vs2" (the mean
 // product by mma.sync beside the turn, 7 ms behind -vs3), "-vs3" (the weights in registers:
 // ExpCast's two loop copies 1.7 ms behind -vs3s, exp2 level), and "-vs3-p4"/"-p8" (part of the
 // exponentials by a polynomial on the FMA pipe: MUFU does not bind; -p8 8% slower, -p4 0.5%
-// faster at 7x the deviation from the emulation).
-//   4 pingpong-2lvl-vs3s-split  as 3, PV_{j-1} in two halves of its columns, tile j's softmax
-//                               while the second half runs (not yet measured)
-//   5 pingpong-2lvl-vs3s-late   as 3, tile j's softmax while all of PV_{j-1} runs, the mean
-//                               product after it (exp2: the code of 3)
-//   6 pingpong-2lvl-vs3s-late-3g  as 5, the mean product in a third group of the turn (exp2: the
-//                               code of 3)
-//   7 pingpong-2lvl-vs3s-late-2b  as 6, two loop bodies: the mean product's and one without it
-//                               (exp2: the code of 3) (not yet measured)
-constexpr int N_VARIANTS = 8;
+// faster at 7x the deviation from the emulation), and, in session 17, the other overlaps of tile
+// j's softmax with PV_{j-1}: "-split" (PV in two column halves, the softmax beside the second:
+// 1-2% behind -late), the mean product after the softmax (it queued behind the other
+// warpgroup's turn) and "-late-2b" (two loop bodies, tied with the three groups).
+constexpr int N_VARIANTS = 5;
 static_assert(VARIANT_BLOCKED_MEANS == 3, "pingpong-2lvl-vs3s reads the means blocked");
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {"simple", "pingpong-2lvl", "pingpong-2lvl-vs",
                                                    "pingpong-2lvl-vs3s",
-                                                   "pingpong-2lvl-vs3s-split",
-                                                   "pingpong-2lvl-vs3s-late",
-                                                   "pingpong-2lvl-vs3s-late-3g",
-                                                   "pingpong-2lvl-vs3s-late-2b"};
+                                                   "pingpong-2lvl-vs3s-late"};
 constexpr int STAGES_ALL = 3;
 
-template <bool PINGPONG, bool VSX = false, bool VS3 = false, int SPLIT = 0>
+template <bool PINGPONG, bool VSX = false, bool VS3 = false, bool LATE = false>
 struct Family {
   template <bool E, bool V>
-  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3, SPLIT>;
+  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3, LATE>;
 
   static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
                             const Params& prm, dim3 grid, cudaStream_t stream) {
@@ -1388,11 +1244,8 @@ const char* forward(const ForwardArgs& a) {
     case 1: return Family<true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 2: return Family<true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 3: return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    case 4: return Family<true, true, true, 1>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    case 5: return Family<true, true, true, 2>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    case 6: return Family<true, true, true, 3>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    default:  // 7 (forward checked the range)
-      return Family<true, true, true, 4>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    default:  // 4 (forward checked the range)
+      return Family<true, true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
   }
 }
 
@@ -1403,10 +1256,7 @@ const char* describe() {
   Family<true>::describe(text, sizeof(text), VARIANT_NAMES[1]);
   Family<true, true>::describe(text, sizeof(text), VARIANT_NAMES[2]);
   Family<true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[3]);
-  Family<true, true, true, 1>::describe(text, sizeof(text), VARIANT_NAMES[4]);
-  Family<true, true, true, 2>::describe(text, sizeof(text), VARIANT_NAMES[5]);
-  Family<true, true, true, 3>::describe(text, sizeof(text), VARIANT_NAMES[6]);
-  Family<true, true, true, 4>::describe(text, sizeof(text), VARIANT_NAMES[7]);
+  Family<true, true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[4]);
   return text;
 }
 
