@@ -12,12 +12,14 @@ the Triton kernel reads) for plans with INT8 Q/K (Q per 16 or 128 rows, K per 12
 per-channel E4M3 V, P by ExpCast-FP8 or exp2-then-E4M3, optional V-Smooth, head dim 128:
 `vc-8bit`, `vc-8bit-vsmooth`, and `sage2-8bit`'s kernel. Variants (VARIANTS): "simple" (each
 consumer warpgroup runs QK, softmax, PV in turn), "pingpong-2lvl" (the two consumer warpgroups
-take turns on the tensor core), "pingpong-2lvl-vs" (scheduled for V-Smooth), and
-"pingpong-2lvl-vs3s" (V-Smooth's mean product as a wgmma); see VARIANTS' comment. The measured
+take turns on the tensor core), "pingpong-2lvl-vs" (scheduled for V-Smooth),
+"pingpong-2lvl-vs3s" (V-Smooth's mean product as a wgmma) and "pingpong-2lvl-vs3s-late" (tile
+j's softmax while PV_{j-1} runs; ExpCast); see VARIANTS' comment. The measured
 losers were removed (docs/perf.md): the grouped ("pingpong-g4-sat") and I2FP-free ("-sati")
 variants in session 13; direct accumulation ("pingpong", "simple-direct"), ExpCast without
 FFMA.SAT, and "-vs2" in session 15; "-vs3" (the mean weights in registers) and the polynomial
-exponentials ("-vs3-p4", "-p8") in session 16.
+exponentials ("-vs3-p4", "-p8") in session 16; "-split", the mean product after the
+softmax and "-late-2b" in session 17.
 """
 
 from __future__ import annotations
@@ -67,13 +69,14 @@ MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
 
 def default_variant(plan) -> str:
     """The fastest variant per kind of plan, measured on the H200 at the Wan2.2 shape
-    (docs/perf.md, sessions 13-16), through tests/test_gpu_compiled.py green. With V-Smooth:
-    pingpong-2lvl-vs3s, for ExpCast (vc-8bit) 121.5 ms against -vs 127.2 and simple 128.9, and
-    for exp2 (vc-8bit-vsmooth) 145.0 against simple 148.1 (session 16, one run). Without
-    V-Smooth, -vs3s runs -vs's code (SASS identical): ExpCast keeps pingpong-2lvl-vs (118.9
-    against simple 120.7), and exp2 (sage2-8bit) runs simple since its P packing lost 48
-    instructions a tile: 138.2 against pingpong-2lvl's 141.0 (139.7 against 142.4 for the same
-    plan as vc-8bit-vsmooth's without the mean term)."""
+    (docs/perf.md, sessions 13-17), through tests/test_gpu_compiled.py green. ExpCast runs
+    pingpong-2lvl-vs3s-late: vc-8bit 120.4 ms against -vs3s's 121.5 and -vs's 126.9, and without
+    V-Smooth 115.7 against -vs's 118.4 (session 17; two runs, the gain over -vs3s 0.3-0.9% with
+    V-Smooth). exp2 with V-Smooth (vc-8bit-vsmooth) runs pingpong-2lvl-vs3s, 145.0 against simple
+    148.1 (session 16; -late runs -vs3s's code on the exp2 path). exp2 without V-Smooth
+    (sage2-8bit) runs simple since its P packing lost 48 instructions a tile: 138.2 against
+    pingpong-2lvl's 141.0 (139.7 against 142.4 for the same plan as vc-8bit-vsmooth's without
+    the mean term)."""
     from vcbench.kernels.probability import ExpCast
 
     expcast = isinstance(plan.p, ExpCast)
