@@ -94,7 +94,8 @@ ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"
 # schedule. A probe build computes wrong outputs by design: its hash differs (it never stands in
 # for a real build), status() refuses it to every caller, and only load(probe_ok=True) opens it.
 PROBES = {"no-mean-mma": "VC_PROBE_NO_MEAN_MMA",      # the flush's LDSM + HMMA (its weights kept)
-          "no-mean-flush": "VC_PROBE_NO_MEAN_FLUSH"}  # the whole flush ((r, m) still stored)
+          "no-mean-flush": "VC_PROBE_NO_MEAN_FLUSH",  # the whole flush ((r, m) still stored)
+          "uniform-desc-q": "VC_PROBE_UNIFORM_DESC_Q"}  # Q's descriptor in uniform registers
 
 
 def probes() -> tuple[str, ...]:

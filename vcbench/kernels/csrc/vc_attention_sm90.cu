@@ -730,7 +730,13 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint32_t p[16];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2], rsum[2] = {0.f, 0.f};
 
+#ifdef VC_PROBE_UNIFORM_DESC_Q  // timing probe (compiled.PROBES): the same outputs, vc-8bit's
+    // wgmmas serialized (C7511). Q's descriptor from a warp-uniform value (ptxas keeps it in
+    // uniform registers): the turn's descriptor arithmetic ~15 instructions shorter.
+    const uint64_t desc_q = desc_sw128(s_q + __shfl_sync(0xffffffffu, cw, 0) * 64 * D);
+#else
     const uint64_t desc_q = desc_sw128(s_q + cw * 64 * D);
+#endif
     auto desc_k = [&](int st) { return desc_sw128(s_stage + st * C::STAGE_BYTES); };
     auto desc_v = [&](int st) { return desc_sw128(s_stage + st * C::STAGE_BYTES + C::K_BYTES); };
     // K scales one tile ahead, so the load is in flight during the QK product.
