@@ -70,9 +70,10 @@ MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
 def default_variant(plan) -> str:
     """The fastest variant per kind of plan, measured on the H200 at the Wan2.2 shape
     (docs/perf.md, sessions 13-17), through tests/test_gpu_compiled.py green. ExpCast runs
-    pingpong-2lvl-vs3s-late: vc-8bit 120.4 ms against -vs3s's 121.5 and -vs's 126.9, and without
-    V-Smooth 115.7 against -vs's 118.4 (session 17; two runs, the gain over -vs3s 0.3-0.9% with
-    V-Smooth). exp2 with V-Smooth (vc-8bit-vsmooth) runs pingpong-2lvl-vs3s, 145.0 against simple
+    pingpong-2lvl-vs3s-late: vc-8bit 120.4 ms against -vs3s's 121.5 and -vs's 126.9 in one run
+    (session 17; 0.3% ahead of -vs3s in a second). Without V-Smooth its code is what ran as
+    -late-2b: 115.7 against the after-softmax late form's 117.2 in one run, a form that had run
+    116.0 against -vs's 118.4 in the other. exp2 with V-Smooth (vc-8bit-vsmooth) runs pingpong-2lvl-vs3s, 145.0 against simple
     148.1 (session 16; -late runs -vs3s's code on the exp2 path). exp2 without V-Smooth
     (sage2-8bit) runs simple since its P packing lost 48 instructions a tile: 138.2 against
     pingpong-2lvl's 141.0 (139.7 against 142.4 for the same plan as vc-8bit-vsmooth's without
