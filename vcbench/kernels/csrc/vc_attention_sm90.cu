@@ -930,7 +930,9 @@ __global__ void __launch_bounds__(THREADS, 1)
           // HGMMA), so in PV's group it made wait<1> wait for PV_{j-1} too, and issued after the
           // softmax it queued behind the other warpgroup's turn (docs/perf.md, session 17). The
           // same products and merges as -vs3s (outputs bit-equal). On the exp2 path ptxas
-          // serializes this form's wgmmas (C7513): its instances run -vs3s's code.
+          // serializes this form's wgmmas (C7513): its instances run -vs3s's code. The turn is
+          // spelled out, not take_turn with a flag for these groups: that flag made ptxas
+          // serialize -vs3s's ExpCast wgmmas with V-Smooth (C7511; tried in session 17).
           constexpr bool LATE_USED = LATE && EXPCAST;
           auto iteration_late = [&](int j) {
             const int st = j % STAGES, prev = (j - 1) % STAGES;
