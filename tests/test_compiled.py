@@ -325,8 +325,10 @@ def test_blocked_means_are_the_k_major_core_matrix_layout_the_vs3_descriptor_nam
                 want = v_mean[b, h, tile, n] if tile < tiles else 0.0
                 assert flat[b, h, batch, byte // 2] == want, (k, n)
     header = (compiled.CSRC / compiled.HEADERS[0]).read_text()
-    assert compiled.VARIANTS[compiled.BLOCKED_MEANS_VARIANT] == int(
-        re.search(r"VARIANT_BLOCKED_MEANS = (\d+)", header).group(1))
+    rule = re.search(r"reads_blocked_means\(int variant\) \{ return (.*?); \}", header).group(1)
+    blocked = {v for v in compiled.VARIANTS.values()
+               if eval(rule.replace("||", "or"), {"variant": v})}
+    assert blocked == {compiled.VARIANTS[n] for n in compiled.BLOCKED_MEANS_VARIANTS}
     assert compiled.MEAN_BATCH == int(re.search(r"MEAN_BATCH = (\d+)", header).group(1))
 
 

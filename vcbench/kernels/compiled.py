@@ -61,9 +61,13 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # on the tensor core (S, the PV block, P and acc all live: ptxas fits them without spilling).
 # The same arithmetic as -vs3s. ExpCast only: on the exp2 path ptxas serialized this form
 # (C7513), so its exp2 instances run -vs3s's code.
+# "simple-3wg": simple with three consumer warpgroups (192 query rows per CTA, 160 registers
+# each): three independent chains of QK, softmax and PV per scheduler instead of two that take
+# turns. No ping-pong; V-Smooth's mean product by mma.sync as in simple.
 VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3s": 3,
-            "pingpong-2lvl-vs3s-late": 4}
-BLOCKED_MEANS_VARIANT = "pingpong-2lvl-vs3s"  # the .cuh's VARIANT_BLOCKED_MEANS: it and later ones
+            "pingpong-2lvl-vs3s-late": 4, "simple-3wg": 5}
+# the .cuh's reads_blocked_means: the variants whose V-Smooth means come blocked
+BLOCKED_MEANS_VARIANTS = ("pingpong-2lvl-vs3s", "pingpong-2lvl-vs3s-late")
 MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
 
 
@@ -303,7 +307,7 @@ def run(ops, plan, out, variant: str | int | None = None, probe_ok: bool = False
     variant = default_variant(plan) if variant is None else variant
     v = VARIANTS[variant] if isinstance(variant, str) else int(variant)
     means = ops.v_mean
-    if means is not None and v >= VARIANTS[BLOCKED_MEANS_VARIANT]:
+    if means is not None and v in {VARIANTS[n] for n in BLOCKED_MEANS_VARIANTS}:
         # prepare_gpu blocks them when the plan runs here; else (the Triton kernel's operands
         # run on this variant by name) a small copy per call
         means = ops.v_mean_blocked if ops.v_mean_blocked is not None else blocked_means(means)

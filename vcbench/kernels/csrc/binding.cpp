@@ -40,7 +40,7 @@ torch::Tensor forward(torch::Tensor q, torch::Tensor q_scale, torch::Tensor k,
   check(v_t, "v_t", at::kFloat8_e4m3fn, {b, h, d, n_pad});
   check(v_scale, "v_scale", at::kFloat, {b, h, d});
   const int64_t tiles = n_pad / 128;
-  const int64_t mean_rows = variant >= vc::VARIANT_BLOCKED_MEANS
+  const int64_t mean_rows = vc::reads_blocked_means(variant)
                                 ? (tiles + vc::MEAN_BATCH - 1) / vc::MEAN_BATCH * vc::MEAN_BATCH
                                 : tiles;
   if (v_mean.has_value()) check(*v_mean, "v_mean", at::kHalf, {b, h, mean_rows, d});

@@ -54,13 +54,17 @@ namespace vc {
 
 constexpr int D = 128;           // head dim
 constexpr int BN = 128;          // keys per KV tile = K scale block = V-Smooth block
-constexpr int NC = 2;            // consumer warpgroups
-constexpr int BM = 64 * NC;      // query rows per CTA
-constexpr int THREADS = 128 * (NC + 1);
-// setmaxnreg: the producer warpgroup gives registers to the consumers.
-constexpr int PRODUCER_REGS = 40;
-constexpr int CONSUMER_REGS = 232;  // 128 x 40 + 256 x 232 = 64512 <= 65536
-static_assert(128 * PRODUCER_REGS + 128 * NC * CONSUMER_REGS <= 65536, "register file");
+// NC consumer warpgroups of 64 query rows each (two in every variant but "simple-3wg") and one
+// producer warpgroup; setmaxnreg: the producer gives its registers to the consumers.
+template <int NC>
+struct Warpgroups {
+  static constexpr int BM = 64 * NC;  // query rows per CTA
+  static constexpr int THREADS = 128 * (NC + 1);
+  static constexpr int PRODUCER_REGS = NC == 2 ? 40 : 32;
+  static constexpr int CONSUMER_REGS = NC == 2 ? 232 : 160;  // 2: 128 x 40 + 256 x 232 = 64512
+  static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
+  static_assert(128 * PRODUCER_REGS + 128 * NC * CONSUMER_REGS <= 65536, "register file");
+};
 
 struct Params {
   const float* q_scale;
@@ -73,8 +77,9 @@ struct Params {
   float expcast_bias, log2_p_scale;
 };
 
-template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VS3 = false>
+template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VS3 = false, int NC = 2>
 struct Config {
+  static constexpr int BM = Warpgroups<NC>::BM;
   static constexpr int PV_N = EXPCAST ? 136 : 128;  // + ones column (ExpCast's row sum)
   static constexpr int NACC = PV_N / 2;             // accumulator registers per thread
   static constexpr int Q_BYTES = BM * D;
@@ -626,13 +631,16 @@ __device__ __forceinline__ void land_2l(float (&acc)[64], const float (&pv)[NP],
 // the mean product as a wgmma in the warpgroup's turn, its weights from shared memory (see the
 // loop).
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false, bool LATE = false>
-__global__ void __launch_bounds__(THREADS, 1)
+          bool VS3 = false, bool LATE = false, int NC = 2>
+__global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
                         const __grid_constant__ CUtensorMap tm_k1,
                         const __grid_constant__ CUtensorMap tm_v, const Params prm) {
-  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, VS3>;
+  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, VS3, NC>;
+  using W = Warpgroups<NC>;
+  constexpr int BM = W::BM, THREADS = W::THREADS;
+  static_assert(NC == 2 || !PINGPONG, "ping-pong takes turns between two warpgroups");
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -676,7 +684,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   if (wg == 0) {
     // ---------------- producer: one thread issues every copy ----------------
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(W::PRODUCER_REGS));
     if (tid == 0) {
       prefetch_tensormap(&tm_q);
       prefetch_tensormap(&tm_k0);
@@ -710,12 +718,14 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   } else {
     // ---------------- consumers: 64 query rows each ----------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(W::CONSUMER_REGS));
     const int cw = wg - 1;
     const int warp = tid / 32, lane = tid % 32, q = lane & 3, g = lane >> 2;
     const int row0 = m_block * BM + cw * 64 + warp * 16 + g;  // rows row0, row0 + 8
+    // BM = 192: the last CTA of a head may hold rows past n_pad (computed, never written)
+    const int q_row = BM == 128 ? row0 : min(row0, prm.n_pad - 1);
     const float q_scale =
-        prm.q_scale[static_cast<size_t>(bh) * (prm.n_pad / prm.q_rows) + row0 / prm.q_rows];
+        prm.q_scale[static_cast<size_t>(bh) * (prm.n_pad / prm.q_rows) + q_row / prm.q_rows];
     const float* k_scale = prm.k_scale + static_cast<size_t>(bh) * n_tiles;
     const int masked = (prm.n % BN) ? n_tiles - 1 : -1;  // the tile holding padded keys
     float2* rbuf = reinterpret_cast<float2*>(smem + C::RBUF_OFF) + cw * MEAN_BATCH * 64;
@@ -1107,11 +1117,12 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
 }
 
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false, bool LATE = false>
+          bool VS3 = false, bool LATE = false, int NC = 2>
 struct Variant {
-  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, VS3>;
+  using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, VS3, NC>;
+  static constexpr int THREADS = Warpgroups<NC>::THREADS;
   static constexpr auto kernel =
-      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, LATE>;
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, LATE, NC>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
@@ -1159,17 +1170,20 @@ struct Variant {
 // j's softmax with PV_{j-1}: "-split" (PV in two column halves, the softmax beside the second:
 // 1-2% behind -late), the mean product after the softmax (it queued behind the other
 // warpgroup's turn) and "-late-2b" (two loop bodies, tied with the three groups).
-constexpr int N_VARIANTS = 5;
-static_assert(VARIANT_BLOCKED_MEANS == 3, "pingpong-2lvl-vs3s reads the means blocked");
+constexpr int N_VARIANTS = 6;
+static_assert(reads_blocked_means(3) && reads_blocked_means(4) && !reads_blocked_means(5),
+              "the VS3 variants read the means blocked");
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {"simple", "pingpong-2lvl", "pingpong-2lvl-vs",
                                                    "pingpong-2lvl-vs3s",
-                                                   "pingpong-2lvl-vs3s-late"};
+                                                   "pingpong-2lvl-vs3s-late", "simple-3wg"};
+// Consumer warpgroups of each variant: query rows per CTA 64 x that.
+constexpr int consumer_warpgroups(int variant) { return variant == 5 ? 3 : 2; }
 constexpr int STAGES_ALL = 3;
 
-template <bool PINGPONG, bool VSX = false, bool VS3 = false, bool LATE = false>
+template <bool PINGPONG, bool VSX = false, bool VS3 = false, bool LATE = false, int NC = 2>
 struct Family {
   template <bool E, bool V>
-  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3, LATE>;
+  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3, LATE, NC>;
 
   static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
                             const Params& prm, dim3 grid, cudaStream_t stream) {
@@ -1198,18 +1212,19 @@ struct Family {
 const char* forward(const ForwardArgs& a) {
   if (a.n < 1 || a.n_pad % BN != 0 || a.n_pad < a.n || a.n_pad - a.n >= BN)
     return fail("bad sequence lengths%s (n_pad %lld)", "", a.n_pad);
-  if (a.q_rows < 16 || BM % a.q_rows != 0)
+  if (a.q_rows < 16 || 128 % a.q_rows != 0)
     return fail("q_rows must divide 128 and be at least 16%s, got %lld", "", a.q_rows);
   if (a.variant < 0 || a.variant >= N_VARIANTS) return fail("unknown variant%s %lld", "", a.variant);
+  const int bm = 64 * consumer_warpgroups(a.variant);
   const long long bh = static_cast<long long>(a.batch) * a.heads;
   if (bh < 1 || bh > 65535) return fail("batch x heads out of range%s: %lld", "", bh);
 
   CUtensorMap maps[4];
   const cuuint64_t rows = static_cast<cuuint64_t>(bh) * a.n_pad;
-  {  // Q: (B*H*n_pad rows, 128 bytes), box 128 rows
+  {  // Q: (B*H*n_pad rows, 128 bytes), box of a CTA's rows
     const cuuint64_t dims[2] = {D, rows};
     const cuuint64_t strides[1] = {D};
-    const cuuint32_t box[2] = {D, BM};
+    const cuuint32_t box[2] = {D, static_cast<cuuint32_t>(bm)};
     if (!make_map(&maps[0], a.q, 2, dims, strides, box)) return fail("tensor map for Q failed%s");
   }
   {  // K, permuted rows: dims (channel, key bit 0, key pair in 4, group of 16 keys); the second
@@ -1245,15 +1260,18 @@ const char* forward(const ForwardArgs& a) {
   prm.expcast_bias = a.expcast_bias;
   prm.log2_p_scale = a.log2_p_scale;
   const bool vsmooth = a.v_mean != nullptr;
-  const dim3 grid(a.n_pad / BM, static_cast<unsigned>(bh));
+  const dim3 grid((a.n_pad + bm - 1) / bm, static_cast<unsigned>(bh));
   auto stream = static_cast<cudaStream_t>(a.stream);
   switch (a.variant) {
     case 0: return Family<false>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 1: return Family<true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 2: return Family<true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 3: return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    default:  // 4 (forward checked the range)
+    case 4:
       return Family<true, true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
+    default:  // 5 (forward checked the range)
+      return Family<false, false, false, false, 3>::launch(a.expcast, vsmooth, maps, prm, grid,
+                                                            stream);
   }
 }
 
@@ -1265,6 +1283,7 @@ const char* describe() {
   Family<true, true>::describe(text, sizeof(text), VARIANT_NAMES[2]);
   Family<true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[3]);
   Family<true, true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[4]);
+  Family<false, false, false, false, 3>::describe(text, sizeof(text), VARIANT_NAMES[5]);
   return text;
 }
 
