@@ -15,10 +15,10 @@ import subprocess
 import sys
 from collections import Counter
 
-# template <EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, LATE, NC> as mangled (all eight
+# template <EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, LATE, NC, HALVES> as mangled (all nine
 # arguments; a build of older sources, with other template parameters, matches no instance)
 INSTANCE = re.compile(
-    r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELi(\d+)ELb(\d)ELb(\d)ELb(\d)ELi(\d)EE")
+    r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELi(\d+)ELb(\d)ELb(\d)ELb(\d)ELi(\d)ELb(\d)EE")
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
@@ -44,7 +44,7 @@ def main() -> int:
         if not m:
             continue
         instances += 1
-        expcast, vsmooth, pingpong, stages, vsx, vs3, late, nc = (int(x) for x in m.groups())
+        expcast, vsmooth, pingpong, stages, vsx, vs3, late, nc, halves = (int(x) for x in m.groups())
         base = Counter(op.split(".")[0] for op in ops)
         full = Counter(ops)
         ex2 = sum(v for k, v in full.items() if k.startswith("MUFU.EX2"))
@@ -72,7 +72,7 @@ def main() -> int:
         label = (f"{'pingpong' if pingpong else 'simple'} "
                  f"{'expcast' if expcast else 'exp2'}{' vsmooth' if vsmooth else ''} s{stages}"
                  f"{' vsx' if vsx else ''}{' vs3s' if vs3 else ''}{' late' if late else ''}"
-                 f"{' 3wg' if nc == 3 else ''}")
+                 f"{' 3wg' if nc == 3 else ''}{' halves' if halves else ''}")
         print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
               f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
               f"{'ok' if not problems else '; '.join(problems)}")

@@ -64,8 +64,10 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # "simple-3wg": simple with three consumer warpgroups (192 query rows per CTA, 160 registers
 # each): three independent chains of QK, softmax and PV per scheduler instead of two that take
 # turns. No ping-pong; V-Smooth's mean product by mma.sync as in simple.
+# "simple-3wg-h": simple-3wg with each tile's PV product in two column halves (N = 64, then the
+# rest), each merged as it lands: half the live PV block, so ExpCast fits 160 registers.
 VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3s": 3,
-            "pingpong-2lvl-vs3s-late": 4, "simple-3wg": 5}
+            "pingpong-2lvl-vs3s-late": 4, "simple-3wg": 5, "simple-3wg-h": 6}
 # the .cuh's reads_blocked_means: the variants whose V-Smooth means come blocked
 BLOCKED_MEANS_VARIANTS = ("pingpong-2lvl-vs3s", "pingpong-2lvl-vs3s-late")
 MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)

@@ -285,27 +285,32 @@ __device__ __forceinline__ void issue_qk(uint32_t (&s)[64], uint64_t desc_q, uin
 }
 
 // acc += P V_j (FRESH: acc = P V_j, the first k-step overwriting): 4 k-steps of 32 keys, P
-// from registers.
+// from registers. The block's width follows its registers: N = 2 NACC columns of V from
+// desc_v's row on (64 or 68 registers: the whole tile; 32 or 36: a column half, "simple-3wg").
+#define VC_PV_STEP(N)                                                                     \
+  if (FRESH && kk == 0)                                                                   \
+    wgmma_e4m3_rs_n##N##_first(acc, p[0], p[1], p[2], p[3], desc_v);                      \
+  else                                                                                    \
+    wgmma_e4m3_rs_n##N(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],       \
+                       desc_v + 2 * kk);
 template <bool FRESH, int NACC>
 __device__ __forceinline__ void issue_pv(float (&acc)[NACC], const uint32_t (&p)[16],
                                          uint64_t desc_v) {
+  static_assert(NACC == 32 || NACC == 36 || NACC == 64 || NACC == 68, "a PV block width");
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     if constexpr (NACC == 68) {
-      if (FRESH && kk == 0)
-        wgmma_e4m3_rs_n136_first(acc, p[0], p[1], p[2], p[3], desc_v);
-      else
-        wgmma_e4m3_rs_n136(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                           desc_v + 2 * kk);
+      VC_PV_STEP(136)
+    } else if constexpr (NACC == 64) {
+      VC_PV_STEP(128)
+    } else if constexpr (NACC == 36) {
+      VC_PV_STEP(72)
     } else {
-      if (FRESH && kk == 0)
-        wgmma_e4m3_rs_n128_first(acc, p[0], p[1], p[2], p[3], desc_v);
-      else
-        wgmma_e4m3_rs_n128(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                           desc_v + 2 * kk);
+      VC_PV_STEP(64)
     }
   }
 }
+#undef VC_PV_STEP
 
 // The online softmax of one S tile. This thread holds rows r (h = 0) and r + 8 (h = 1), S
 // columns 8c + 2q + b (s[4c + 2h + b]). On return m holds the new running max, alpha the
@@ -631,7 +636,7 @@ __device__ __forceinline__ void land_2l(float (&acc)[64], const float (&pv)[NP],
 // the mean product as a wgmma in the warpgroup's turn, its weights from shared memory (see the
 // loop).
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false, bool LATE = false, int NC = 2>
+          bool VS3 = false, bool LATE = false, int NC = 2, bool HALVES = false>
 __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
@@ -641,6 +646,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
   using W = Warpgroups<NC>;
   constexpr int BM = W::BM, THREADS = W::THREADS;
   static_assert(NC == 2 || !PINGPONG, "ping-pong takes turns between two warpgroups");
+  static_assert(!HALVES || !PINGPONG, "PV in column halves: the simple schedule only");
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -788,7 +794,12 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
     mbar_wait(bar_q, 0);
 
     if constexpr (!PINGPONG) {
-      for (int j = 0; j < n_tiles; ++j) {
+      // One tile. PEEL (the 3-warpgroup variants): the masked softmax only in the last tile,
+      // which runs outside the loop, so the loop's registers are the unmasked path's (with the
+      // mask's predicates in it, ptxas spilled at 160 registers).
+      constexpr bool PEEL = NC == 3;
+      auto simple_tile = [&](int j, auto last) {
+        constexpr bool LAST = decltype(last)::value;
         const int st = j % STAGES;
         mbar_wait(full(st), (j / STAGES) & 1);
         wgmma_fence();
@@ -796,19 +807,64 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         wgmma_commit();
         wgmma_wait<0>();
         reg_fence(s);
-        softmax(j);
+        if constexpr (PEEL) {
+          const float c_scale = q_scale * ks_next;
+          if (!LAST) ks_next = __ldg(k_scale + j + 1);
+          softmax_tile<EXPCAST, LAST>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+                                      prm.log2_p_scale, LAST ? prm.n - j * BN : BN, q);
+        } else {
+          softmax(j);
+        }
         pack_p<EXPCAST>(p, s);
-        float pv[C::NACC];
-        reg_fence(p);
-        wgmma_fence();
-        issue_pv<true>(pv, p, desc_v(st));
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence(pv);
-        reg_fence(p);
-        mbar_arrive(empty(st));
-        land_2l<EXPCAST, VSMOOTH>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf, s_mbuf, cw, warp,
-                                  lane);
+        if constexpr (HALVES) {
+          // PV_j in two column halves, one after the other, each merged as it lands: the live
+          // block is 32 or 36 registers instead of 64 or 68 (the same products and merges per
+          // element). The second half starts at V row 64 (8 swizzle atoms of 1024 bytes on) and
+          // carries ExpCast's ones column.
+          float pa[32];
+          reg_fence(p);
+          wgmma_fence();
+          issue_pv<true>(pa, p, desc_v(st));
+          wgmma_commit();
+          wgmma_wait<0>();
+          reg_fence(pa);
+#pragma unroll
+          for (int i = 0; i < 32; ++i) acc[i] = fmaf(acc[i], alpha[(i >> 1) & 1], pa[i]);
+          float pb[C::NACC - 32];
+          wgmma_fence();
+          issue_pv<true>(pb, p, desc_v(st) + (64 * 128 >> 4));
+          wgmma_commit();
+          wgmma_wait<0>();
+          reg_fence(pb);
+          reg_fence(p);
+          mbar_arrive(empty(st));
+          float r[2];
+          tile_rowsum<EXPCAST>(pb, rsum, r);
+#pragma unroll
+          for (int i = 0; i < 32; ++i)
+            acc[32 + i] = fmaf(acc[32 + i], alpha[(i >> 1) & 1], pb[i]);
+          l[0] = l[0] * alpha[0] + r[0];
+          l[1] = l[1] * alpha[1] + r[1];
+          if constexpr (VSMOOTH) vsmooth_tile<64>(acc, r, m, j, n_tiles, rbuf, s_mbuf, cw, warp, lane);
+        } else {
+          float pv[C::NACC];
+          reg_fence(p);
+          wgmma_fence();
+          issue_pv<true>(pv, p, desc_v(st));
+          wgmma_commit();
+          wgmma_wait<0>();
+          reg_fence(pv);
+          reg_fence(p);
+          mbar_arrive(empty(st));
+          land_2l<EXPCAST, VSMOOTH>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf, s_mbuf, cw, warp,
+                                    lane);
+        }
+      };
+      if constexpr (PEEL) {
+        for (int j = 0; j < n_tiles - 1; ++j) simple_tile(j, With<false>{});
+        simple_tile(n_tiles - 1, With<true>{});
+      } else {
+        for (int j = 0; j < n_tiles; ++j) simple_tile(j, With<false>{});
       }
     } else {
       // Turn-taking between the two consumer warpgroups: warpgroup cw issues after waiting on
@@ -1117,12 +1173,12 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
 }
 
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false, bool LATE = false, int NC = 2>
+          bool VS3 = false, bool LATE = false, int NC = 2, bool HALVES = false>
 struct Variant {
   using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, VS3, NC>;
   static constexpr int THREADS = Warpgroups<NC>::THREADS;
   static constexpr auto kernel =
-      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, LATE, NC>;
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, LATE, NC, HALVES>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
@@ -1170,20 +1226,22 @@ struct Variant {
 // j's softmax with PV_{j-1}: "-split" (PV in two column halves, the softmax beside the second:
 // 1-2% behind -late), the mean product after the softmax (it queued behind the other
 // warpgroup's turn) and "-late-2b" (two loop bodies, tied with the three groups).
-constexpr int N_VARIANTS = 6;
+constexpr int N_VARIANTS = 7;
 static_assert(reads_blocked_means(3) && reads_blocked_means(4) && !reads_blocked_means(5),
               "the VS3 variants read the means blocked");
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {"simple", "pingpong-2lvl", "pingpong-2lvl-vs",
                                                    "pingpong-2lvl-vs3s",
-                                                   "pingpong-2lvl-vs3s-late", "simple-3wg"};
+                                                   "pingpong-2lvl-vs3s-late", "simple-3wg",
+                                                   "simple-3wg-h"};
 // Consumer warpgroups of each variant: query rows per CTA 64 x that.
-constexpr int consumer_warpgroups(int variant) { return variant == 5 ? 3 : 2; }
+constexpr int consumer_warpgroups(int variant) { return variant >= 5 ? 3 : 2; }
 constexpr int STAGES_ALL = 3;
 
-template <bool PINGPONG, bool VSX = false, bool VS3 = false, bool LATE = false, int NC = 2>
+template <bool PINGPONG, bool VSX = false, bool VS3 = false, bool LATE = false, int NC = 2,
+          bool HALVES = false>
 struct Family {
   template <bool E, bool V>
-  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3, LATE, NC>;
+  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3, LATE, NC, HALVES>;
 
   static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
                             const Params& prm, dim3 grid, cudaStream_t stream) {
@@ -1269,9 +1327,12 @@ const char* forward(const ForwardArgs& a) {
     case 3: return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 4:
       return Family<true, true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    default:  // 5 (forward checked the range)
+    case 5:
       return Family<false, false, false, false, 3>::launch(a.expcast, vsmooth, maps, prm, grid,
                                                             stream);
+    default:  // 6 (forward checked the range)
+      return Family<false, false, false, false, 3, true>::launch(a.expcast, vsmooth, maps, prm,
+                                                                  grid, stream);
   }
 }
 
@@ -1284,6 +1345,7 @@ const char* describe() {
   Family<true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[3]);
   Family<true, true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[4]);
   Family<false, false, false, false, 3>::describe(text, sizeof(text), VARIANT_NAMES[5]);
+  Family<false, false, false, false, 3, true>::describe(text, sizeof(text), VARIANT_NAMES[6]);
   return text;
 }
 
