@@ -734,7 +734,13 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         prm.q_scale[static_cast<size_t>(bh) * (prm.n_pad / prm.q_rows) + q_row / prm.q_rows];
     const float* k_scale = prm.k_scale + static_cast<size_t>(bh) * n_tiles;
     const int masked = (prm.n % BN) ? n_tiles - 1 : -1;  // the tile holding padded keys
-    float2* rbuf = reinterpret_cast<float2*>(smem + C::RBUF_OFF) + cw * MEAN_BATCH * 64;
+    // Three warpgroups: the warpgroup index through a shuffle, which ptxas knows is warp-uniform,
+    // so what is derived from it (Q's descriptor, the (r, m) slots' base) lives in uniform
+    // registers instead of being rebuilt from the thread index every tile or held in a
+    // register (in the 2-warpgroup ping-pong this serialized vc-8bit's wgmmas: the probe
+    // uniform-desc-q).
+    const int cw_u = NC == 3 ? __shfl_sync(0xffffffffu, cw, 0) : cw;
+    float2* rbuf = reinterpret_cast<float2*>(smem + C::RBUF_OFF) + cw_u * MEAN_BATCH * 64;
 
     // acc: FP32 on the CUDA cores; each tile's product comes in its own block (pv).
     float acc[64];
@@ -751,7 +757,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
     // uniform registers): the turn's descriptor arithmetic ~15 instructions shorter.
     const uint64_t desc_q = desc_sw128(s_q + __shfl_sync(0xffffffffu, cw, 0) * 64 * D);
 #else
-    const uint64_t desc_q = desc_sw128(s_q + cw * 64 * D);
+    const uint64_t desc_q = desc_sw128(s_q + cw_u * 64 * D);
 #endif
     auto desc_k = [&](int st) { return desc_sw128(s_stage + st * C::STAGE_BYTES); };
     auto desc_v = [&](int st) { return desc_sw128(s_stage + st * C::STAGE_BYTES + C::K_BYTES); };
@@ -798,10 +804,16 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
       // which runs outside the loop, so the loop's registers are the unmasked path's (with the
       // mask's predicates in it, ptxas spilled at 160 registers).
       constexpr bool PEEL = NC == 3;
+      // PEEL also counts the stage and its phase instead of dividing j by STAGES every tile.
+      int stage = 0, phase = 0;
       auto simple_tile = [&](int j, auto last) {
         constexpr bool LAST = decltype(last)::value;
-        const int st = j % STAGES;
-        mbar_wait(full(st), (j / STAGES) & 1);
+        const int st = PEEL ? stage : j % STAGES;
+        mbar_wait(full(st), PEEL ? phase : (j / STAGES) & 1);
+        if constexpr (PEEL) {
+          stage = stage == STAGES - 1 ? 0 : stage + 1;
+          phase ^= stage == 0;
+        }
         wgmma_fence();
         issue_qk(s, desc_q, desc_k(st));
         wgmma_commit();
@@ -845,7 +857,8 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
             acc[32 + i] = fmaf(acc[32 + i], alpha[(i >> 1) & 1], pb[i]);
           l[0] = l[0] * alpha[0] + r[0];
           l[1] = l[1] * alpha[1] + r[1];
-          if constexpr (VSMOOTH) vsmooth_tile<64>(acc, r, m, j, n_tiles, rbuf, s_mbuf, cw, warp, lane);
+          if constexpr (VSMOOTH)
+            vsmooth_tile<64, PEEL>(acc, r, m, j, n_tiles, rbuf, s_mbuf, cw, warp, lane);
         } else {
           float pv[C::NACC];
           reg_fence(p);
@@ -856,8 +869,9 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           reg_fence(pv);
           reg_fence(p);
           mbar_arrive(empty(st));
-          land_2l<EXPCAST, VSMOOTH>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf, s_mbuf, cw, warp,
-                                    lane);
+          // PEEL: V-Smooth's flush synchronized per warp (its data is warp-local), as in -vs
+          land_2l<EXPCAST, VSMOOTH, C::NACC, PEEL>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf,
+                                                   s_mbuf, cw, warp, lane);
         }
       };
       if constexpr (PEEL) {
