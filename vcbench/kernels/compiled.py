@@ -69,7 +69,8 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3s": 3,
             "pingpong-2lvl-vs3s-late": 4, "simple-3wg": 5, "simple-3wg-h": 6}
 # the .cuh's reads_blocked_means: the variants whose V-Smooth means come blocked
-BLOCKED_MEANS_VARIANTS = ("pingpong-2lvl-vs3s", "pingpong-2lvl-vs3s-late")
+BLOCKED_MEANS_VARIANTS = ("pingpong-2lvl-vs3s", "pingpong-2lvl-vs3s-late", "simple-3wg",
+                          "simple-3wg-h")
 MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
 
 

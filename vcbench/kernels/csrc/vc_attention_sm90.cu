@@ -93,7 +93,7 @@ struct Config {
   static constexpr int RBUF_OFF = MBUF_OFF + MBUF_BYTES;
   static constexpr int RBUF_BYTES = VSMOOTH ? NC * MEAN_BATCH * 64 * 8 : 0;  // (r, m) per row
   static constexpr int WBUF_OFF = RBUF_OFF + RBUF_BYTES;  // VS3: the mean weights, per warpgroup
-  static constexpr int WBUF_BYTES = VSMOOTH && VS3 ? NC * 64 * MEAN_BATCH * 2 : 0;
+  static constexpr int WBUF_BYTES = VSMOOTH && (VS3 || NC == 3) ? NC * 64 * MEAN_BATCH * 2 : 0;
   static constexpr int BAR_OFF = WBUF_OFF + WBUF_BYTES;
   static constexpr int BAR_BYTES = (2 * STAGES + 1) * 8;
   static constexpr int ALLOC = (BAR_OFF + BAR_BYTES + 15) / 16 * 16 + 1024;  // + base alignment
@@ -442,25 +442,22 @@ __device__ __forceinline__ void mean_mma(float (&acc)[NACC], const uint32_t (&a)
   }
 }
 
-// V-Smooth: acc += sum over the batch's tiles t of f16(r_t 2^(m_t - m_ref)) f16(mu_t)^T, one
-// m16n8k16 per 8 output columns. rbuf: this warpgroup's [16 slots][64 rows] of (r, m).
-// WARP_SYNC ("-vs" variant): the slots a thread reads (rows 16 warp + g, + 8) were written by
-// lane 4g of its own warp, so a __syncwarp orders them; the 128-thread named barrier
-// (the default, kept for the measured variants) also waits for the warpgroup's other warps.
-template <int NACC, bool WARP_SYNC = false>
-__device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbuf, uint32_t mbuf,
-                                           const float (&m_ref)[2], int count, int cw, int warp,
-                                           int lane) {
-#ifdef VC_PROBE_NO_MEAN_FLUSH  // timing probe (compiled.PROBES): wrong outputs by design
-  return;
-#endif
+// The A fragment of a batch's mean product (mma.m16n8k16's A layout per warp, which is also
+// wgmma's register A): f16(r_t 2^(m_t - m_ref)) for the rows this thread holds, slots t <
+// count, 0 beyond. WARP_SYNC ("-vs" variant): the slots a thread reads (rows 16 warp + g, + 8)
+// were written by lane 4g of its own warp, so a __syncwarp orders them; the 128-thread named
+// barrier (the default, kept for the measured variants) also waits for the warpgroup's other
+// warps. After it returns, every read is done (the next batch may write slot 0).
+template <bool WARP_SYNC>
+__device__ __forceinline__ void mean_weights_rows(uint32_t (&a)[4], const float2* rbuf,
+                                                  const float (&m_ref)[2], int count, int cw,
+                                                  int warp, int lane) {
   const int q = lane & 3, g = lane >> 2;
   const int row = warp * 16 + g;
   if constexpr (WARP_SYNC)
     __syncwarp();
   else
     named_sync(3 + cw, 128);  // the (r, m) slots written by the q == 0 threads are visible
-  uint32_t a[4];
 #pragma unroll
   for (int hk = 0; hk < 2; ++hk)
 #pragma unroll
@@ -478,6 +475,19 @@ __device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbu
     __syncwarp();
   else
     named_sync(3 + cw, 128);  // every read done before the next batch writes slot 0
+}
+
+// V-Smooth: acc += sum over the batch's tiles t of f16(r_t 2^(m_t - m_ref)) f16(mu_t)^T, one
+// m16n8k16 per 8 output columns. rbuf: this warpgroup's [16 slots][64 rows] of (r, m).
+template <int NACC, bool WARP_SYNC = false>
+__device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbuf, uint32_t mbuf,
+                                           const float (&m_ref)[2], int count, int cw, int warp,
+                                           int lane) {
+#ifdef VC_PROBE_NO_MEAN_FLUSH  // timing probe (compiled.PROBES): wrong outputs by design
+  return;
+#endif
+  uint32_t a[4];
+  mean_weights_rows<WARP_SYNC>(a, rbuf, m_ref, count, cw, warp, lane);
   mean_mma(acc, a, mbuf, lane);
 }
 
@@ -517,6 +527,7 @@ __device__ __forceinline__ uint64_t desc_means(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(128 >> 4) << 16) |
          (static_cast<uint64_t>(256 >> 4) << 32);
 }
+
 
 // VS3, in the loop: this thread's mean weights (mean_weights4's fragment) into its
 // warpgroup's A tile in shared memory, 64 rows x 16 tiles f16 in the layout desc_means names
@@ -605,7 +616,8 @@ __device__ __forceinline__ void vsmooth_tile(float (&acc)[NACC], const float (&r
     rbuf[t * 64 + row + 8] = make_float2(r[1], m_j[1]);
   }
   if (t == MEAN_BATCH - 1 || j == n_tiles - 1) {
-    mean_flush<NACC, WARP_SYNC>(acc, rbuf, mean_buffer(mbuf_base, j / MEAN_BATCH), m_j, t + 1, cw, warp, lane);
+    mean_flush<NACC, WARP_SYNC>(acc, rbuf, mean_buffer(mbuf_base, j / MEAN_BATCH), m_j, t + 1, cw,
+                                warp, lane);
   }
 }
 
@@ -647,6 +659,8 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
   constexpr int BM = W::BM, THREADS = W::THREADS;
   static_assert(NC == 2 || !PINGPONG, "ping-pong takes turns between two warpgroups");
   static_assert(!HALVES || !PINGPONG, "PV in column halves: the simple schedule only");
+  // the means blocked, a batch's product one wgmma: -vs3s / -late, and the 3-warpgroup variants
+  constexpr bool BLOCKED = VS3 || NC == 3;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -705,7 +719,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         int mean_tiles = 0;
         if (VSMOOTH && j % MEAN_BATCH == 0) {
           mean_tiles = min(MEAN_BATCH, n_tiles - j);
-          bytes += (VS3 ? MEAN_BATCH : mean_tiles) * D * 2;
+          bytes += (BLOCKED ? MEAN_BATCH : mean_tiles) * D * 2;
         }
         mbar_expect_tx(full(st), bytes);
         const uint32_t s_k = s_stage + st * C::STAGE_BYTES;
@@ -714,9 +728,9 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         tma_load_4d(s_k + C::K_BYTES / 2, &tm_k1, full(st), 0, 0, 0, g0);  // 16G + 4q + {2,3}
         tma_load_2d(s_k + C::K_BYTES, &tm_v, full(st), j * BN, bh * D);
         if (VSMOOTH && mean_tiles > 0) {
-          // VS3: the means come blocked (compiled.blocked_means), whole batches, zero-padded
-          const int copied = VS3 ? MEAN_BATCH : mean_tiles;
-          const int rows = VS3 ? (n_tiles + MEAN_BATCH - 1) / MEAN_BATCH * MEAN_BATCH : n_tiles;
+          // BLOCKED: the means come blocked (compiled.blocked_means), whole batches, zero-padded
+          const int copied = BLOCKED ? MEAN_BATCH : mean_tiles;
+          const int rows = BLOCKED ? (n_tiles + MEAN_BATCH - 1) / MEAN_BATCH * MEAN_BATCH : n_tiles;
           const __half* src = prm.v_mean + (static_cast<size_t>(bh) * rows + j) * D;
           bulk_load(mean_buffer(s_mbuf, j / MEAN_BATCH), src, copied * D * 2, full(st));
         }
@@ -806,6 +820,29 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
       constexpr bool PEEL = NC == 3;
       // PEEL also counts the stage and its phase instead of dividing j by STAGES every tile.
       int stage = 0, phase = 0;
+      // PEEL's V-Smooth: each tile's (r, m) stored per row (lane q == 0) after its merge; at
+      // tile j = 16k (k >= 1) the batch of tiles j - 16 .. j - 1 is complete, its weights are
+      // taken against m_j (the max P_j is encoded against) and stored to this warpgroup's A
+      // tile, and its product is one guarded f16 wgmma in PV_j's group, into PV_j's block,
+      // which the merge rescales and adds like the rest (as -vs3s does in its turn). The last
+      // batch goes into acc after the loop. mma.sync (mean_flush) waits for every wgmma in
+      // flight on the SM, which with three warpgroups is always another warpgroup's: 10 ms at
+      // the Wan2.2 shape (docs/perf.md, session 18).
+      uint8_t* const wtile = smem + C::WBUF_OFF + cw_u * 64 * MEAN_BATCH * 2;
+      // ExpCast: in PV_j's group (the 68-register block beside the guarded wgmma) ptxas
+      // serialized the loop's wgmmas at 160 registers (C7511), and so it did with the product
+      // into acc after the merge under a branch (C7512). Its product goes into acc in tile
+      // j + 1's QK group instead (acc is still referenced to m_j there, and the QK wait covers
+      // it); a batch due in the last tile is added after the loop.
+      constexpr bool MEAN_INTO_ACC = EXPCAST;
+      bool mean_pending = false;  // MEAN_INTO_ACC: the previous tile's batch product is due
+      auto store_rm = [&](int j, const float (&r)[2]) {
+        if ((lane & 3) == 0) {
+          float2* slot = rbuf + (j & (MEAN_BATCH - 1)) * 64 + warp * 16 + g;
+          slot[0] = make_float2(r[0], m[0]);
+          slot[8] = make_float2(r[1], m[1]);
+        }
+      };
       auto simple_tile = [&](int j, auto last) {
         constexpr bool LAST = decltype(last)::value;
         const int st = PEEL ? stage : j % STAGES;
@@ -816,27 +853,44 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         }
         wgmma_fence();
         issue_qk(s, desc_q, desc_k(st));
+        if constexpr (PEEL && VSMOOTH && MEAN_INTO_ACC)
+          wgmma_f16_ss_n128_if(acc, desc_means(smem_u32(wtile)),
+                               desc_means(mean_buffer(s_mbuf, ((j - 1) >> 4) - 1)), mean_pending);
         wgmma_commit();
         wgmma_wait<0>();
         reg_fence(s);
+        bool due = false;  // PEEL: a batch's mean product joins PV_j
         if constexpr (PEEL) {
           const float c_scale = q_scale * ks_next;
           if (!LAST) ks_next = __ldg(k_scale + j + 1);
           softmax_tile<EXPCAST, LAST>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                       prm.log2_p_scale, LAST ? prm.n - j * BN : BN, q);
+          if constexpr (VSMOOTH) {
+            due = j >= MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 0;
+            if (due) {
+              uint32_t w[4];
+              mean_weights_rows<true>(w, rbuf, m, MEAN_BATCH, cw, warp, lane);
+              store_weights(wtile, w, warp, lane);
+              named_sync(3 + cw, 128);  // the whole A tile written before the wgmma reads it
+            }
+          }
         } else {
           softmax(j);
         }
+        const uint64_t desc_w = desc_means(smem_u32(wtile));
+        const uint64_t desc_mu = desc_means(mean_buffer(s_mbuf, (j >> 4) - 1));
         pack_p<EXPCAST>(p, s);
         if constexpr (HALVES) {
           // PV_j in two column halves, one after the other, each merged as it lands: the live
           // block is 32 or 36 registers instead of 64 or 68 (the same products and merges per
           // element). The second half starts at V row 64 (8 swizzle atoms of 1024 bytes on) and
-          // carries ExpCast's ones column.
+          // carries ExpCast's ones column; the mean product in halves too (channels 64 on: 8
+          // core-matrix rows of 256 bytes on).
           float pa[32];
           reg_fence(p);
           wgmma_fence();
           issue_pv<true>(pa, p, desc_v(st));
+          if constexpr (VSMOOTH) wgmma_f16_ss_n64_if(pa, desc_w, desc_mu, due);
           wgmma_commit();
           wgmma_wait<0>();
           reg_fence(pa);
@@ -845,6 +899,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           float pb[C::NACC - 32];
           wgmma_fence();
           issue_pv<true>(pb, p, desc_v(st) + (64 * 128 >> 4));
+          if constexpr (VSMOOTH) wgmma_f16_ss_n64_if(pb, desc_w, desc_mu + (8 * 256 >> 4), due);
           wgmma_commit();
           wgmma_wait<0>();
           reg_fence(pb);
@@ -857,26 +912,56 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
             acc[32 + i] = fmaf(acc[32 + i], alpha[(i >> 1) & 1], pb[i]);
           l[0] = l[0] * alpha[0] + r[0];
           l[1] = l[1] * alpha[1] + r[1];
-          if constexpr (VSMOOTH)
-            vsmooth_tile<64, PEEL>(acc, r, m, j, n_tiles, rbuf, s_mbuf, cw, warp, lane);
+          if constexpr (VSMOOTH) store_rm(j, r);
         } else {
           float pv[C::NACC];
           reg_fence(p);
           wgmma_fence();
           issue_pv<true>(pv, p, desc_v(st));
+          if constexpr (PEEL && VSMOOTH && !MEAN_INTO_ACC)
+            wgmma_f16_ss_n128_if(pv, desc_w, desc_mu, due);
           wgmma_commit();
           wgmma_wait<0>();
           reg_fence(pv);
           reg_fence(p);
           mbar_arrive(empty(st));
-          // PEEL: V-Smooth's flush synchronized per warp (its data is warp-local), as in -vs
-          land_2l<EXPCAST, VSMOOTH, C::NACC, PEEL>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf,
-                                                   s_mbuf, cw, warp, lane);
+          if constexpr (PEEL) {
+            float r[2];
+            tile_rowsum<EXPCAST>(pv, rsum, r);
+            merge_tile(acc, pv, l, alpha, r);
+            if constexpr (VSMOOTH) store_rm(j, r);
+            mean_pending = due;
+          } else {
+            land_2l<EXPCAST, VSMOOTH>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf, s_mbuf, cw,
+                                      warp, lane);
+          }
         }
       };
       if constexpr (PEEL) {
         for (int j = 0; j < n_tiles - 1; ++j) simple_tile(j, With<false>{});
         simple_tile(n_tiles - 1, With<true>{});
+        if constexpr (VSMOOTH) {  // the last batch, against the final max, into acc
+          const int last = n_tiles - 1;
+          if constexpr (MEAN_INTO_ACC) {
+            if (mean_pending) {  // the batch before the last tile, weighted in it
+              reg_fence(acc);
+              wgmma_fence();
+              wgmma_f16_ss_n128_if(acc, desc_means(smem_u32(wtile)),
+                                   desc_means(mean_buffer(s_mbuf, (last >> 4) - 1)), 1);
+              wgmma_commit();
+              wgmma_wait<0>();
+              reg_fence(acc);
+            }
+          }
+          uint32_t w[4];
+          mean_weights_rows<true>(w, rbuf, m, (last & (MEAN_BATCH - 1)) + 1, cw, warp, lane);
+          reg_fence(acc);
+          wgmma_fence();
+          wgmma_f16_rs_n128(acc, w, desc_means(mean_buffer(s_mbuf, last >> 4)));
+          wgmma_commit();
+          wgmma_wait<0>();
+          reg_fence(acc);
+        }
       } else {
         for (int j = 0; j < n_tiles; ++j) simple_tile(j, With<false>{});
       }
@@ -1241,8 +1326,9 @@ struct Variant {
 // 1-2% behind -late), the mean product after the softmax (it queued behind the other
 // warpgroup's turn) and "-late-2b" (two loop bodies, tied with the three groups).
 constexpr int N_VARIANTS = 7;
-static_assert(reads_blocked_means(3) && reads_blocked_means(4) && !reads_blocked_means(5),
-              "the VS3 variants read the means blocked");
+static_assert(reads_blocked_means(3) && reads_blocked_means(4) && reads_blocked_means(5) &&
+                  reads_blocked_means(6) && !reads_blocked_means(2),
+              "the VS3 and 3-warpgroup variants read the means blocked");
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {"simple", "pingpong-2lvl", "pingpong-2lvl-vs",
                                                    "pingpong-2lvl-vs3s",
                                                    "pingpong-2lvl-vs3s-late", "simple-3wg",

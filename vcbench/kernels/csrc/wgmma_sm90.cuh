@@ -200,6 +200,24 @@ __device__ __forceinline__ void wgmma_f16_rs_n128(float (&d)[NACC], const uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
+// D(f32, 64x64) += A(f16, 64x16, shared memory, K-major, no swizzle) * B(f16, 16x64, shared
+// memory, K-major, no swizzle), issued only if `on` (the same value across the warpgroup) is
+// non-zero. D is the first 32 registers of d.
+template <int NACC>
+__device__ __forceinline__ void wgmma_f16_ss_n64_if(float (&d)[NACC], uint64_t desc_a,
+                                                   uint64_t desc_b, int on) {
+  static_assert(NACC >= 32, "accumulator too small");
+  asm volatile(
+      "{\n.reg .pred p, g;\nsetp.ne.b32 p, 1, 0;\nsetp.ne.b32 g, %34, 0;\n"
+      "@g wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(on));
+}
+
 // D(f32, 64x128) += A(f16, 64x16, shared memory, K-major, no swizzle) * B(f16, 16x128, shared
 // memory, K-major, no swizzle), issued only if `on` (the same value across the warpgroup) is
 // non-zero. D is the first 64 registers of d.
