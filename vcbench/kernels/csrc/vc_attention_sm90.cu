@@ -93,7 +93,7 @@ struct Config {
   static constexpr int RBUF_OFF = MBUF_OFF + MBUF_BYTES;
   static constexpr int RBUF_BYTES = VSMOOTH ? NC * MEAN_BATCH * 64 * 8 : 0;  // (r, m) per row
   static constexpr int WBUF_OFF = RBUF_OFF + RBUF_BYTES;  // VS3: the mean weights, per warpgroup
-  static constexpr int WBUF_BYTES = VSMOOTH && (VS3 || NC == 3) ? NC * 64 * MEAN_BATCH * 2 : 0;
+  static constexpr int WBUF_BYTES = VSMOOTH && VS3 ? NC * 64 * MEAN_BATCH * 2 : 0;
   static constexpr int BAR_OFF = WBUF_OFF + WBUF_BYTES;
   static constexpr int BAR_BYTES = (2 * STAGES + 1) * 8;
   static constexpr int ALLOC = (BAR_OFF + BAR_BYTES + 15) / 16 * 16 + 1024;  // + base alignment
@@ -822,20 +822,12 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
       int stage = 0, phase = 0;
       // PEEL's V-Smooth: each tile's (r, m) stored per row (lane q == 0) after its merge; at
       // tile j = 16k (k >= 1) the batch of tiles j - 16 .. j - 1 is complete, its weights are
-      // taken against m_j (the max P_j is encoded against) and stored to this warpgroup's A
-      // tile, and its product is one guarded f16 wgmma in PV_j's group, into PV_j's block,
-      // which the merge rescales and adds like the rest (as -vs3s does in its turn). The last
-      // batch goes into acc after the loop. mma.sync (mean_flush) waits for every wgmma in
+      // taken against m_j (the max P_j is encoded against), and its product is one f16 wgmma
+      // in PV_j's group, into PV_j's block, which the merge rescales and adds like the rest (as
+      // -vs3s does in its turn). The last batch (and one due in the last tile) goes into acc
+      // after the loop. mma.sync (mean_flush) waits for every wgmma in
       // flight on the SM, which with three warpgroups is always another warpgroup's: 10 ms at
       // the Wan2.2 shape (docs/perf.md, session 18).
-      uint8_t* const wtile = smem + C::WBUF_OFF + cw_u * 64 * MEAN_BATCH * 2;
-      // ExpCast: in PV_j's group (the 68-register block beside the guarded wgmma) ptxas
-      // serialized the loop's wgmmas at 160 registers (C7511), and so it did with the product
-      // into acc after the merge under a branch (C7512). Its product goes into acc in tile
-      // j + 1's QK group instead (acc is still referenced to m_j there, and the QK wait covers
-      // it); a batch due in the last tile is added after the loop.
-      constexpr bool MEAN_INTO_ACC = EXPCAST;
-      bool mean_pending = false;  // MEAN_INTO_ACC: the previous tile's batch product is due
       auto store_rm = [&](int j, const float (&r)[2]) {
         if ((lane & 3) == 0) {
           float2* slot = rbuf + (j & (MEAN_BATCH - 1)) * 64 + warp * 16 + g;
@@ -843,8 +835,16 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           slot[8] = make_float2(r[1], m[1]);
         }
       };
-      auto simple_tile = [&](int j, auto last) {
+      uint32_t w_prev[4] = {0u, 0u, 0u, 0u};  // LAST: the batch before it, if due there
+      bool due_last = false;
+      auto simple_tile = [&](int j, auto last, auto with_mean) {
         constexpr bool LAST = decltype(last)::value;
+        // MEAN: j = 16k (k >= 1), where the batch of tiles j - 16 .. j - 1 is complete: its
+        // weights against m_j, its product (unguarded, weights from registers) in PV_j's
+        // group into PV_j's block. A straight copy of the tile, not a guard: the guarded
+        // wgmma's dummy product cost 1-1.5 ms (session 18).
+        constexpr bool MEAN = decltype(with_mean)::value && VSMOOTH;
+        static_assert(!(MEAN && LAST), "the last tile's batch goes into acc after the loop");
         const int st = PEEL ? stage : j % STAGES;
         mbar_wait(full(st), PEEL ? phase : (j / STAGES) & 1);
         if constexpr (PEEL) {
@@ -853,31 +853,23 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         }
         wgmma_fence();
         issue_qk(s, desc_q, desc_k(st));
-        if constexpr (PEEL && VSMOOTH && MEAN_INTO_ACC)
-          wgmma_f16_ss_n128_if(acc, desc_means(smem_u32(wtile)),
-                               desc_means(mean_buffer(s_mbuf, ((j - 1) >> 4) - 1)), mean_pending);
         wgmma_commit();
         wgmma_wait<0>();
         reg_fence(s);
-        bool due = false;  // PEEL: a batch's mean product joins PV_j
+        uint32_t w[4];  // MEAN: the batch's weights
         if constexpr (PEEL) {
           const float c_scale = q_scale * ks_next;
           if (!LAST) ks_next = __ldg(k_scale + j + 1);
           softmax_tile<EXPCAST, LAST>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                       prm.log2_p_scale, LAST ? prm.n - j * BN : BN, q);
-          if constexpr (VSMOOTH) {
-            due = j >= MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 0;
-            if (due) {
-              uint32_t w[4];
-              mean_weights_rows<true>(w, rbuf, m, MEAN_BATCH, cw, warp, lane);
-              store_weights(wtile, w, warp, lane);
-              named_sync(3 + cw, 128);  // the whole A tile written before the wgmma reads it
-            }
+          if constexpr (MEAN) mean_weights_rows<true>(w, rbuf, m, MEAN_BATCH, cw, warp, lane);
+          if constexpr (LAST && VSMOOTH) {
+            due_last = j >= MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 0;
+            if (due_last) mean_weights_rows<true>(w_prev, rbuf, m, MEAN_BATCH, cw, warp, lane);
           }
         } else {
           softmax(j);
         }
-        const uint64_t desc_w = desc_means(smem_u32(wtile));
         const uint64_t desc_mu = desc_means(mean_buffer(s_mbuf, (j >> 4) - 1));
         pack_p<EXPCAST>(p, s);
         if constexpr (HALVES) {
@@ -890,7 +882,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           reg_fence(p);
           wgmma_fence();
           issue_pv<true>(pa, p, desc_v(st));
-          if constexpr (VSMOOTH) wgmma_f16_ss_n64_if(pa, desc_w, desc_mu, due);
+          if constexpr (MEAN) wgmma_f16_rs_n64(pa, w, desc_mu);
           wgmma_commit();
           wgmma_wait<0>();
           reg_fence(pa);
@@ -899,7 +891,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           float pb[C::NACC - 32];
           wgmma_fence();
           issue_pv<true>(pb, p, desc_v(st) + (64 * 128 >> 4));
-          if constexpr (VSMOOTH) wgmma_f16_ss_n64_if(pb, desc_w, desc_mu + (8 * 256 >> 4), due);
+          if constexpr (MEAN) wgmma_f16_rs_n64(pb, w, desc_mu + (8 * 256 >> 4));
           wgmma_commit();
           wgmma_wait<0>();
           reg_fence(pb);
@@ -918,8 +910,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           reg_fence(p);
           wgmma_fence();
           issue_pv<true>(pv, p, desc_v(st));
-          if constexpr (PEEL && VSMOOTH && !MEAN_INTO_ACC)
-            wgmma_f16_ss_n128_if(pv, desc_w, desc_mu, due);
+          if constexpr (MEAN) wgmma_f16_rs_n128(pv, w, desc_mu);
           wgmma_commit();
           wgmma_wait<0>();
           reg_fence(pv);
@@ -930,7 +921,6 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
             tile_rowsum<EXPCAST>(pv, rsum, r);
             merge_tile(acc, pv, l, alpha, r);
             if constexpr (VSMOOTH) store_rm(j, r);
-            mean_pending = due;
           } else {
             land_2l<EXPCAST, VSMOOTH>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf, s_mbuf, cw,
                                       warp, lane);
@@ -938,32 +928,37 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         }
       };
       if constexpr (PEEL) {
-        for (int j = 0; j < n_tiles - 1; ++j) simple_tile(j, With<false>{});
-        simple_tile(n_tiles - 1, With<true>{});
-        if constexpr (VSMOOTH) {  // the last batch, against the final max, into acc
-          const int last = n_tiles - 1;
-          if constexpr (MEAN_INTO_ACC) {
-            if (mean_pending) {  // the batch before the last tile, weighted in it
-              reg_fence(acc);
-              wgmma_fence();
-              wgmma_f16_ss_n128_if(acc, desc_means(smem_u32(wtile)),
-                                   desc_means(mean_buffer(s_mbuf, (last >> 4) - 1)), 1);
-              wgmma_commit();
-              wgmma_wait<0>();
-              reg_fence(acc);
-            }
+        // tiles 0 .. last - 1 in batches; a batch's first tile (from the second batch on)
+        // carries the previous batch's product: no branch around a wgmma
+        const int last = n_tiles - 1;
+        if constexpr (VSMOOTH) {
+          int j = 0;
+          for (const int e = min(MEAN_BATCH, last); j < e; ++j)
+            simple_tile(j, With<false>{}, With<false>{});
+          while (j < last) {
+            simple_tile(j, With<false>{}, With<true>{});
+            ++j;
+            for (const int e = min(j + MEAN_BATCH - 1, last); j < e; ++j)
+              simple_tile(j, With<false>{}, With<false>{});
           }
+        } else {
+          for (int j = 0; j < last; ++j) simple_tile(j, With<false>{}, With<false>{});
+        }
+        simple_tile(last, With<true>{}, With<false>{});
+        if constexpr (VSMOOTH) {  // the batches still owed, against the final max, into acc
           uint32_t w[4];
           mean_weights_rows<true>(w, rbuf, m, (last & (MEAN_BATCH - 1)) + 1, cw, warp, lane);
           reg_fence(acc);
           wgmma_fence();
+          if (due_last)  // the batch before the last tile (its weights taken in that tile)
+            wgmma_f16_rs_n128(acc, w_prev, desc_means(mean_buffer(s_mbuf, (last >> 4) - 1)));
           wgmma_f16_rs_n128(acc, w, desc_means(mean_buffer(s_mbuf, last >> 4)));
           wgmma_commit();
           wgmma_wait<0>();
           reg_fence(acc);
         }
       } else {
-        for (int j = 0; j < n_tiles; ++j) simple_tile(j, With<false>{});
+        for (int j = 0; j < n_tiles; ++j) simple_tile(j, With<false>{}, With<false>{});
       }
     } else {
       // Turn-taking between the two consumer warpgroups: warpgroup cw issues after waiting on
