@@ -54,7 +54,9 @@ def main() -> int:
         # ExpCast: alpha (2 rows) per softmax copy (masked and unmasked), twice as many copies
         # in the ping-pong variant's prologue; V-Smooth's flush 8 per copy of mean_flush.
         # vs3s: the weights in up to three places (loop, last turn, epilogue), 8 each.
-        ex2_allowed = 8 + ((32 if vs3 else 16) if vsmooth else 0) if expcast else None
+        # 3wg with V-Smooth: the softmax in four copies (first batch, a batch's first tile, the
+        # rest, the last tile: 8 alphas) and the weights in three places (24).
+        ex2_allowed = (8 + ((32 if vs3 or nc == 3 else 16) if vsmooth else 0)) if expcast else None
         problems = []
         if not base["IGMMA"]:
             problems.append("no IGMMA")
@@ -62,7 +64,10 @@ def main() -> int:
             problems.append("no QGMMA")
         if vsmooth and not base["HMMA"] and not base["HGMMA"]:  # the mean product: mma.sync or wgmma
             problems.append("no HMMA/HGMMA")
-        if local:
+        notes = []
+        if local and nc == 3:  # compiled.EXPERIMENTAL_VARIANTS: reported, never a default
+            notes.append("local memory (experimental 3-warpgroup variant)")
+        elif local:
             problems.append("local memory")
         if depbar >= gmma:  # ptxas waits after every wgmma when it serializes them (C7511)
             problems.append("wgmma serialized")
@@ -75,7 +80,7 @@ def main() -> int:
                  f"{' 3wg' if nc == 3 else ''}{' halves' if halves else ''}")
         print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
               f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
-              f"{'ok' if not problems else '; '.join(problems)}")
+              f"{'ok' if not problems else '; '.join(problems)}{'; ' if notes else ''}{'; '.join(notes)}")
     names = sorted({op for _, ops in functions(sass) for op in ops if "GMMA" in op})
     print("matrix instructions as printed:", ", ".join(names))
     if not instances:

@@ -165,6 +165,16 @@ def test_default_variants_follow_the_measurements():
     assert compiled.default_variant(get_method("vc-8bit").plan({"vsmooth": False})) == "pingpong-2lvl-vs3s-late"
 
 
+def test_no_experimental_variant_is_a_default():
+    """The experimental variants spill (no local memory is the kernel's acceptance): timed by
+    name only, never picked for a plan."""
+    assert set(compiled.EXPERIMENTAL_VARIANTS) <= set(compiled.VARIANTS)
+    for name, options in (("sage2-8bit", {}), ("vc-8bit", {}), ("vc-8bit-vsmooth", {}),
+                          ("vc-8bit", {"vsmooth": False}), ("vc-8bit-vsmooth", {"vsmooth": False})):
+        plan = get_method(name).plan(options)
+        assert compiled.default_variant(plan) not in compiled.EXPERIMENTAL_VARIANTS
+
+
 def test_sm90_without_a_build_falls_back_with_one_line(monkeypatch):
     monkeypatch.setenv("VCBENCH_KERNEL", "sm90")
     monkeypatch.setattr(compiled, "status", lambda: "compiled kernel not built; run `make kernels`")
