@@ -54,21 +54,16 @@ namespace vc {
 
 constexpr int D = 128;           // head dim
 constexpr int BN = 128;          // keys per KV tile = K scale block = V-Smooth block
-// NC consumer warpgroups of 64 query rows each. Two (every variant but the "simple-3wg" ones):
-// plus a producer warpgroup, which gives its registers to the consumers by setmaxnreg (128 x 40
-// + 256 x 232 = 64512). Three: no producer warpgroup (with one, setmaxnreg leaves 160 registers
-// a consumer thread and ptxas spilled); all 384 threads get 168 from the launch bound, one
-// thread issues the first loads and the last warp done with a tile refills its stage.
+// NC consumer warpgroups of 64 query rows each (two in every variant but "simple-3wg") and one
+// producer warpgroup; setmaxnreg: the producer gives its registers to the consumers.
 template <int NC>
 struct Warpgroups {
-  static constexpr bool PRODUCER = NC == 2;
   static constexpr int BM = 64 * NC;  // query rows per CTA
-  static constexpr int THREADS = 128 * (NC + (PRODUCER ? 1 : 0));
-  static constexpr int PRODUCER_REGS = 40;
-  static constexpr int CONSUMER_REGS = 232;
+  static constexpr int THREADS = 128 * (NC + 1);
+  static constexpr int PRODUCER_REGS = NC == 2 ? 40 : 32;
+  static constexpr int CONSUMER_REGS = NC == 2 ? 232 : 160;  // 2: 128 x 40 + 256 x 232 = 64512
   static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
-  static_assert(!PRODUCER || 128 * PRODUCER_REGS + 128 * NC * CONSUMER_REGS <= 65536,
-                "register file");
+  static_assert(128 * PRODUCER_REGS + 128 * NC * CONSUMER_REGS <= 65536, "register file");
 };
 
 struct Params {
@@ -101,9 +96,7 @@ struct Config {
   static constexpr int WBUF_BYTES = VSMOOTH && VS3 ? NC * 64 * MEAN_BATCH * 2 : 0;
   static constexpr int BAR_OFF = WBUF_OFF + WBUF_BYTES;
   static constexpr int BAR_BYTES = (2 * STAGES + 1) * 8;
-  static constexpr int CNT_OFF = BAR_OFF + BAR_BYTES;  // 3 warpgroups: warps done per stage
-  static constexpr int CNT_BYTES = NC == 3 ? STAGES * 4 : 0;
-  static constexpr int ALLOC = (CNT_OFF + CNT_BYTES + 15) / 16 * 16 + 1024;  // + base alignment
+  static constexpr int ALLOC = (BAR_OFF + BAR_BYTES + 15) / 16 * 16 + 1024;  // + base alignment
   static_assert(STAGE_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms");
   static_assert(STAGES >= 2 && STAGES < MEAN_BATCH, "mean buffers are reused every 2 batches");
 };
@@ -692,7 +685,6 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
       mbar_init(empty(st), 128 * NC);
     }
     mbar_init(bar_q, 1);
-    for (int st = 0; st < C::CNT_BYTES / 4; ++st) reinterpret_cast<int*>(smem + C::CNT_OFF)[st] = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   if constexpr (EXPCAST) {  // the 8 extra V rows: row 128 all E4M3 1.0 (0x38), 129..135 zero
@@ -710,57 +702,44 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // seen by wgmma / TMA
   __syncthreads();
 
-  // Tile j's K, V (and, from a batch's first tile, the batch's means) into stage st.
-  auto load_tile = [&](int j, int st) {
-    uint32_t bytes = C::K_BYTES + D * BN;
-    int mean_tiles = 0;
-    if (VSMOOTH && j % MEAN_BATCH == 0) {
-      mean_tiles = min(MEAN_BATCH, n_tiles - j);
-      bytes += (BLOCKED ? MEAN_BATCH : mean_tiles) * D * 2;
-    }
-    mbar_expect_tx(full(st), bytes);
-    const uint32_t s_k = s_stage + st * C::STAGE_BYTES;
-    const int g0 = (bh * prm.n_pad + j * BN) / 16;
-    tma_load_4d(s_k, &tm_k0, full(st), 0, 0, 0, g0);                   // keys 16G + 4q + {0,1}
-    tma_load_4d(s_k + C::K_BYTES / 2, &tm_k1, full(st), 0, 0, 0, g0);  // 16G + 4q + {2,3}
-    tma_load_2d(s_k + C::K_BYTES, &tm_v, full(st), j * BN, bh * D);
-    if (VSMOOTH && mean_tiles > 0) {
-      // BLOCKED: the means come blocked (compiled.blocked_means), whole batches, zero-padded
-      const int copied = BLOCKED ? MEAN_BATCH : mean_tiles;
-      const int rows = BLOCKED ? (n_tiles + MEAN_BATCH - 1) / MEAN_BATCH * MEAN_BATCH : n_tiles;
-      const __half* src = prm.v_mean + (static_cast<size_t>(bh) * rows + j) * D;
-      bulk_load(mean_buffer(s_mbuf, j / MEAN_BATCH), src, copied * D * 2, full(st));
-    }
-  };
-  auto load_first = [&] {
-    prefetch_tensormap(&tm_q);
-    prefetch_tensormap(&tm_k0);
-    prefetch_tensormap(&tm_k1);
-    prefetch_tensormap(&tm_v);
-    mbar_expect_tx(bar_q, C::Q_BYTES);
-    tma_load_2d(s_q, &tm_q, bar_q, 0, bh * prm.n_pad + m_block * BM);
-  };
-
-  if (W::PRODUCER && wg == 0) {
+  if (wg == 0) {
     // ---------------- producer: one thread issues every copy ----------------
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(W::PRODUCER_REGS));
     if (tid == 0) {
-      load_first();
+      prefetch_tensormap(&tm_q);
+      prefetch_tensormap(&tm_k0);
+      prefetch_tensormap(&tm_k1);
+      prefetch_tensormap(&tm_v);
+      mbar_expect_tx(bar_q, C::Q_BYTES);
+      tma_load_2d(s_q, &tm_q, bar_q, 0, bh * prm.n_pad + m_block * BM);
       for (int j = 0; j < n_tiles; ++j) {
         const int st = j % STAGES;
         mbar_wait(empty(st), ((j / STAGES) & 1) ^ 1);
-        load_tile(j, st);
+        uint32_t bytes = C::K_BYTES + D * BN;
+        int mean_tiles = 0;
+        if (VSMOOTH && j % MEAN_BATCH == 0) {
+          mean_tiles = min(MEAN_BATCH, n_tiles - j);
+          bytes += (BLOCKED ? MEAN_BATCH : mean_tiles) * D * 2;
+        }
+        mbar_expect_tx(full(st), bytes);
+        const uint32_t s_k = s_stage + st * C::STAGE_BYTES;
+        const int g0 = (bh * prm.n_pad + j * BN) / 16;
+        tma_load_4d(s_k, &tm_k0, full(st), 0, 0, 0, g0);             // keys 16G + 4q + {0,1}
+        tma_load_4d(s_k + C::K_BYTES / 2, &tm_k1, full(st), 0, 0, 0, g0);  // 16G + 4q + {2,3}
+        tma_load_2d(s_k + C::K_BYTES, &tm_v, full(st), j * BN, bh * D);
+        if (VSMOOTH && mean_tiles > 0) {
+          // BLOCKED: the means come blocked (compiled.blocked_means), whole batches, zero-padded
+          const int copied = BLOCKED ? MEAN_BATCH : mean_tiles;
+          const int rows = BLOCKED ? (n_tiles + MEAN_BATCH - 1) / MEAN_BATCH * MEAN_BATCH : n_tiles;
+          const __half* src = prm.v_mean + (static_cast<size_t>(bh) * rows + j) * D;
+          bulk_load(mean_buffer(s_mbuf, j / MEAN_BATCH), src, copied * D * 2, full(st));
+        }
       }
     }
   } else {
     // ---------------- consumers: 64 query rows each ----------------
-    if constexpr (W::PRODUCER)
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(W::CONSUMER_REGS));
-    const int cw = W::PRODUCER ? wg - 1 : wg;
-    if (!W::PRODUCER && threadIdx.x == 0) {  // the first loads; the rest by release_stage
-      load_first();
-      for (int j = 0; j < min(STAGES, n_tiles); ++j) load_tile(j, j);
-    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(W::CONSUMER_REGS));
+    const int cw = wg - 1;
     const int warp = tid / 32, lane = tid % 32, q = lane & 3, g = lane >> 2;
     const int row0 = m_block * BM + cw * 64 + warp * 16 + g;  // rows row0, row0 + 8
     // BM = 192: the last CTA of a head may hold rows past n_pad (computed, never written)
@@ -849,23 +828,6 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
       // after the loop. mma.sync (mean_flush) waits for every wgmma in
       // flight on the SM, which with three warpgroups is always another warpgroup's: 10 ms at
       // the Wan2.2 shape (docs/perf.md, session 18).
-      // Tile j's stage is free once every consumer warp is done with it: with a producer, an
-      // arrive on its empty barrier; without (three warpgroups), the last of the 4 NC warps to
-      // count itself in (a monotonic count per stage, acq_rel) loads tile j + STAGES there.
-      auto release_stage = [&](int j, int st) {
-        if constexpr (W::PRODUCER) {
-          mbar_arrive(empty(st));
-        } else {
-          __syncwarp();
-          if (lane == 0) {
-            int old;
-            asm volatile("atom.shared.acq_rel.cta.add.u32 %0, [%1], 1;\n"
-                         : "=r"(old) : "r"(smem_u32(smem + C::CNT_OFF) + 4 * st) : "memory");
-            if (old == 4 * NC * (j / STAGES + 1) - 1 && j + STAGES < n_tiles)
-              load_tile(j + STAGES, st);
-          }
-        }
-      };
       auto store_rm = [&](int j, const float (&r)[2]) {
         if ((lane & 3) == 0) {
           float2* slot = rbuf + (j & (MEAN_BATCH - 1)) * 64 + warp * 16 + g;
@@ -934,7 +896,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           wgmma_wait<0>();
           reg_fence(pb);
           reg_fence(p);
-          release_stage(j, st);
+          mbar_arrive(empty(st));
           float r[2];
           tile_rowsum<EXPCAST>(pb, rsum, r);
 #pragma unroll
@@ -953,7 +915,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           wgmma_wait<0>();
           reg_fence(pv);
           reg_fence(p);
-          release_stage(j, st);
+          mbar_arrive(empty(st));
           if constexpr (PEEL) {
             float r[2];
             tile_rowsum<EXPCAST>(pv, rsum, r);
