@@ -96,7 +96,9 @@ struct Config {
   static constexpr int WBUF_BYTES = VSMOOTH && VS3 ? NC * 64 * MEAN_BATCH * 2 : 0;
   static constexpr int BAR_OFF = WBUF_OFF + WBUF_BYTES;
   static constexpr int BAR_BYTES = (2 * STAGES + 1) * 8;
-  static constexpr int ALLOC = (BAR_OFF + BAR_BYTES + 15) / 16 * 16 + 1024;  // + base alignment
+  static constexpr int KS_OFF = BAR_OFF + BAR_BYTES;  // 3 warpgroups: each stage's K scale
+  static constexpr int KS_BYTES = NC == 3 ? STAGES * 4 : 0;
+  static constexpr int ALLOC = (KS_OFF + KS_BYTES + 15) / 16 * 16 + 1024;  // + base alignment
   static_assert(STAGE_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms");
   static_assert(STAGES >= 2 && STAGES < MEAN_BATCH, "mean buffers are reused every 2 batches");
 };
@@ -721,6 +723,9 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           mean_tiles = min(MEAN_BATCH, n_tiles - j);
           bytes += (BLOCKED ? MEAN_BATCH : mean_tiles) * D * 2;
         }
+        if constexpr (NC == 3)  // the tile's K scale beside it (released by the arrive below)
+          reinterpret_cast<float*>(smem + C::KS_OFF)[st] =
+              prm.k_scale[static_cast<size_t>(bh) * n_tiles + j];
         mbar_expect_tx(full(st), bytes);
         const uint32_t s_k = s_stage + st * C::STAGE_BYTES;
         const int g0 = (bh * prm.n_pad + j * BN) / 16;
@@ -858,20 +863,21 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         reg_fence(s);
         uint32_t w[4];  // MEAN: the batch's weights
         if constexpr (PEEL) {
-          const float c_scale = q_scale * ks_next;
-          if (!LAST) ks_next = __ldg(k_scale + j + 1);
+          // the K scale from the stage (the producer wrote it): no register across tiles
+          const float c_scale = q_scale * reinterpret_cast<const float*>(smem + C::KS_OFF)[st];
           softmax_tile<EXPCAST, LAST>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                       prm.log2_p_scale, LAST ? prm.n - j * BN : BN, q);
-          if constexpr (MEAN) mean_weights_rows<true>(w, rbuf, m, MEAN_BATCH, cw, warp, lane);
-          if constexpr (LAST && VSMOOTH) {
-            due_last = j >= MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 0;
-            if (due_last) mean_weights_rows<true>(w_prev, rbuf, m, MEAN_BATCH, cw, warp, lane);
-          }
         } else {
           softmax(j);
         }
         const uint64_t desc_mu = desc_means(mean_buffer(s_mbuf, (j >> 4) - 1));
         pack_p<EXPCAST>(p, s);
+        // the weights once P is packed (S's registers free), against m_j
+        if constexpr (MEAN) mean_weights_rows<true>(w, rbuf, m, MEAN_BATCH, cw, warp, lane);
+        if constexpr (PEEL && LAST && VSMOOTH) {
+          due_last = j >= MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 0;
+          if (due_last) mean_weights_rows<true>(w_prev, rbuf, m, MEAN_BATCH, cw, warp, lane);
+        }
         if constexpr (HALVES) {
           // PV_j in two column halves, one after the other, each merged as it lands: the live
           // block is 32 or 36 registers instead of 64 or 68 (the same products and merges per
