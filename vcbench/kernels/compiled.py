@@ -13,8 +13,9 @@ per-channel E4M3 V, P by ExpCast-FP8 or exp2-then-E4M3, optional V-Smooth, head 
 `vc-8bit`, `vc-8bit-vsmooth`, and `sage2-8bit`'s kernel. Variants (VARIANTS): "simple" (each
 consumer warpgroup runs QK, softmax, PV in turn), "pingpong-2lvl" (the two consumer warpgroups
 take turns on the tensor core), "pingpong-2lvl-vs" (scheduled for V-Smooth),
-"pingpong-2lvl-vs3s" (V-Smooth's mean product as a wgmma) and "pingpong-2lvl-vs3s-late" (tile
-j's softmax while PV_{j-1} runs; ExpCast); see VARIANTS' comment. The measured
+"pingpong-2lvl-vs3s" (V-Smooth's mean product as a wgmma), "pingpong-2lvl-vs3s-late" (tile
+j's softmax while PV_{j-1} runs; ExpCast) and the experimental "simple-3wg" / "simple-3wg-h"
+(three consumer warpgroups, never a default while they spill); see VARIANTS' comment. The measured
 losers were removed (docs/perf.md): the grouped ("pingpong-g4-sat") and I2FP-free ("-sati")
 variants in session 13; direct accumulation ("pingpong", "simple-direct"), ExpCast without
 FFMA.SAT, and "-vs2" in session 15; "-vs3" (the mean weights in registers) and the polynomial

@@ -36,6 +36,13 @@
 //   variants: a warpgroup issues QK_j and PV_{j-1} together, and a pair of named barriers makes
 //   the two warpgroups take turns issuing, so one's softmax overlaps the other's matrix
 //   products. -vs3s issues V-Smooth's mean product as a wgmma in that turn instead of mma.sync.
+//
+// * "simple-3wg" (experimental): three consumer warpgroups (192 query rows, 160 registers a
+//   thread) on the simple schedule: each scheduler has three independent chains instead of two
+//   that take turns (vc-8bit 7% faster than -late, session 18). The masked last tile runs
+//   outside the loop, the K scale comes through shared memory, V-Smooth's batch product is a
+//   wgmma in PV's group of each batch's first tile (mma.sync would wait for the other
+//   warpgroups' wgmmas). "-h": PV in two column halves. ptxas still spills in their cold code.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
