@@ -591,16 +591,30 @@ __device__ __forceinline__ void tile_rowsum(const float (&pv)[NACC], const float
 // measured it; FlashAttention's FP8 forward lost accuracy on long sequences from it), so
 // accumulating 4 x n_tiles wgmmas into one register block truncates it that many times.
 // pv: PV_j's block (64 registers, or 68 with ExpCast's ones column); its register i is acc's
-// register i, row g + 8 ((i >> 1) & 1).
+// register i, row g + 8 ((i >> 1) & 1). merge_cols merges COUNT registers of a block that holds
+// acc's registers FIRST on (a column half, "simple-3wg-h"); rescale_l updates the row sums.
+template <int FIRST, int COUNT, int NACC>
+__device__ __forceinline__ void merge_cols(float (&acc)[64], const float (&pv)[NACC],
+                                           const float (&alpha)[2]) {
+  static_assert(COUNT <= NACC && FIRST + COUNT <= 64 && FIRST % 4 == 0, "acc's registers");
+#pragma unroll
+  for (int i = 0; i < COUNT; ++i)
+    acc[FIRST + i] = fmaf(acc[FIRST + i], alpha[(i >> 1) & 1], pv[i]);
+}
+
+__device__ __forceinline__ void rescale_l(float (&l)[2], const float (&alpha)[2],
+                                          const float (&r)[2]) {
+  l[0] = l[0] * alpha[0] + r[0];
+  l[1] = l[1] * alpha[1] + r[1];
+}
+
 template <int NACC>
 __device__ __forceinline__ void merge_tile(float (&acc)[64], const float (&pv)[NACC],
                                            float (&l)[2], const float (&alpha)[2],
                                            const float (&r)[2]) {
   static_assert(NACC >= 64, "a whole PV block");
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = fmaf(acc[i], alpha[(i >> 1) & 1], pv[i]);
-  l[0] = l[0] * alpha[0] + r[0];
-  l[1] = l[1] * alpha[1] + r[1];
+  merge_cols<0, 64>(acc, pv, alpha);
+  rescale_l(l, alpha, r);
 }
 
 // The shared-memory buffer of batch `batch` (tiles MEAN_BATCH * batch ...): two buffers that
@@ -608,6 +622,17 @@ __device__ __forceinline__ void merge_tile(float (&acc)[64], const float (&pv)[N
 // (each as the measured variants compute it).
 __device__ __forceinline__ uint32_t mean_buffer(uint32_t mbuf_base, int batch) {
   return mbuf_base + (batch & 1) * (MEAN_BATCH * D * 2);
+}
+
+// Tile (r, m) into slot t of this warpgroup's rows: the q == 0 lane of each quad (g = lane / 4)
+// holds the row's r (ExpCast's ones column) and stores rows 16 warp + g and + 8.
+__device__ __forceinline__ void store_rm(float2* rbuf, int t, const float (&r)[2],
+                                         const float (&m)[2], int warp, int lane, int g) {
+  if ((lane & 3) == 0) {
+    float2* slot = rbuf + t * 64 + warp * 16 + g;
+    slot[0] = make_float2(r[0], m[0]);
+    slot[8] = make_float2(r[1], m[1]);
+  }
 }
 
 // V-Smooth's bookkeeping once tile j's product is in the accumulator: (r_j, m_j) into this
@@ -619,11 +644,7 @@ __device__ __forceinline__ void vsmooth_tile(float (&acc)[NACC], const float (&r
                                              float2* rbuf, uint32_t mbuf_base, int cw, int warp,
                                              int lane) {
   const int t = j % MEAN_BATCH;
-  if ((lane & 3) == 0) {
-    const int row = warp * 16 + (lane >> 2);
-    rbuf[t * 64 + row] = make_float2(r[0], m_j[0]);
-    rbuf[t * 64 + row + 8] = make_float2(r[1], m_j[1]);
-  }
+  store_rm(rbuf, t, r, m_j, warp, lane, lane >> 2);
   if (t == MEAN_BATCH - 1 || j == n_tiles - 1) {
     mean_flush<NACC, WARP_SYNC>(acc, rbuf, mean_buffer(mbuf_base, j / MEAN_BATCH), m_j, t + 1, cw,
                                 warp, lane);
@@ -840,13 +861,6 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
       // after the loop. mma.sync (mean_flush) waits for every wgmma in
       // flight on the SM, which with three warpgroups is always another warpgroup's: 10 ms at
       // the Wan2.2 shape (docs/perf.md, session 18).
-      auto store_rm = [&](int j, const float (&r)[2]) {
-        if ((lane & 3) == 0) {
-          float2* slot = rbuf + (j & (MEAN_BATCH - 1)) * 64 + warp * 16 + g;
-          slot[0] = make_float2(r[0], m[0]);
-          slot[8] = make_float2(r[1], m[1]);
-        }
-      };
       uint32_t w_prev[4] = {0u, 0u, 0u, 0u};  // LAST: the batch before it, if due there
       bool due_last = false;
       auto simple_tile = [&](int j, auto last, auto with_mean) {
@@ -899,8 +913,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           wgmma_commit();
           wgmma_wait<0>();
           reg_fence(pa);
-#pragma unroll
-          for (int i = 0; i < 32; ++i) acc[i] = fmaf(acc[i], alpha[(i >> 1) & 1], pa[i]);
+          merge_cols<0, 32>(acc, pa, alpha);
           float pb[C::NACC - 32];
           wgmma_fence();
           issue_pv<true>(pb, p, desc_v(st) + (64 * 128 >> 4));
@@ -912,12 +925,9 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           mbar_arrive(empty(st));
           float r[2];
           tile_rowsum<EXPCAST>(pb, rsum, r);
-#pragma unroll
-          for (int i = 0; i < 32; ++i)
-            acc[32 + i] = fmaf(acc[32 + i], alpha[(i >> 1) & 1], pb[i]);
-          l[0] = l[0] * alpha[0] + r[0];
-          l[1] = l[1] * alpha[1] + r[1];
-          if constexpr (VSMOOTH) store_rm(j, r);
+          merge_cols<32, 32>(acc, pb, alpha);
+          rescale_l(l, alpha, r);
+          if constexpr (VSMOOTH) store_rm(rbuf, j & (MEAN_BATCH - 1), r, m, warp, lane, g);
         } else {
           float pv[C::NACC];
           reg_fence(p);
@@ -933,7 +943,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
             float r[2];
             tile_rowsum<EXPCAST>(pv, rsum, r);
             merge_tile(acc, pv, l, alpha, r);
-            if constexpr (VSMOOTH) store_rm(j, r);
+            if constexpr (VSMOOTH) store_rm(rbuf, j & (MEAN_BATCH - 1), r, m, warp, lane, g);
           } else {
             land_2l<EXPCAST, VSMOOTH>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf, s_mbuf, cw,
                                       warp, lane);
