@@ -147,11 +147,35 @@ __device__ __forceinline__ void wgmma_f16_ss_n{n}_if(float (&d)[NACC], uint64_t 
 """
 
 
+def f16_ss(n):
+    """The mean product with A (the weights) from shared memory, unguarded (the 3-warpgroup
+    variants: issued only in the straight copy of the tile that carries a batch, in PV's group):
+    no weight registers live while PV runs."""
+    nacc = n // 2
+    outs = accumulators(nacc, "+f")
+    return f"""
+// D(f32, 64x{n}) += A(f16, 64x16, shared memory, K-major, no swizzle) * B(f16, 16x{n}, shared
+// memory, K-major, no swizzle). D is the first {nacc} registers of d.
+template <int NACC>
+__device__ __forceinline__ void wgmma_f16_ss_n{n}(float (&d)[NACC], uint64_t desc_a,
+                                                uint64_t desc_b) {{
+  static_assert(NACC >= {nacc}, "accumulator too small");
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs(nacc)}}}, "
+      "%{nacc}, %{nacc + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+      : {outs}
+      : "l"(desc_a), "l"(desc_b));
+}}
+"""
+
+
 def main():
     # PV: N = 128 (exp2) or 136 (ExpCast's ones column); "simple-3wg" with ExpCast in two
     # column halves, N = 64 and 72 (the second with the ones column)
     pv = [e4m3_rs(n) + e4m3_rs_first(n) for n in (64, 72, 128, 136)]
-    text = (HEADER + s8_ss_first(128) + s8_ss(128) + "".join(pv) + f16_rs(64) + f16_rs(128) + f16_ss_if(128)
+    text = (HEADER + s8_ss_first(128) + s8_ss(128) + "".join(pv) + f16_rs(128) + f16_ss_if(128)
+            + f16_ss(64) + f16_ss(128)
             + "\n}  // namespace vc\n")
     Path(__file__).with_name("wgmma_sm90.cuh").write_text(text)
 

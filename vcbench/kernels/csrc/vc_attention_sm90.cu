@@ -98,14 +98,21 @@ struct Config {
   static constexpr int MBUF_OFF = STAGE_OFF + STAGES * STAGE_BYTES;
   static constexpr int MBUF_BYTES = VSMOOTH ? 2 * MEAN_BATCH * D * 2 : 0;  // 2 x 16 x 128 fp16
   static constexpr int RBUF_OFF = MBUF_OFF + MBUF_BYTES;
-  static constexpr int RBUF_BYTES = VSMOOTH ? NC * MEAN_BATCH * 64 * 8 : 0;  // (r, m) per row
-  static constexpr int WBUF_OFF = RBUF_OFF + RBUF_BYTES;  // VS3: the mean weights, per warpgroup
-  static constexpr int WBUF_BYTES = VSMOOTH && VS3 ? NC * 64 * MEAN_BATCH * 2 : 0;
+  // (r, m) per row and tile of a batch; 3 warpgroups: a 17th slot (the last tile's, when it
+  // opens a batch)
+  static constexpr int RM_SLOTS = NC == 3 ? MEAN_BATCH + 1 : MEAN_BATCH;
+  static constexpr int RBUF_BYTES = VSMOOTH ? NC * RM_SLOTS * 64 * 8 : 0;
+  // VS3 and 3 warpgroups: the mean weights, per warpgroup (A of the mean product's wgmma)
+  static constexpr int WBUF_OFF = RBUF_OFF + RBUF_BYTES;
+  static constexpr int WBUF_BYTES = VSMOOTH && (VS3 || NC == 3) ? NC * 64 * MEAN_BATCH * 2 : 0;
   static constexpr int BAR_OFF = WBUF_OFF + WBUF_BYTES;
   static constexpr int BAR_BYTES = (2 * STAGES + 1) * 8;
   static constexpr int KS_OFF = BAR_OFF + BAR_BYTES;  // 3 warpgroups: each stage's K scale
   static constexpr int KS_BYTES = NC == 3 ? STAGES * 4 : 0;
-  static constexpr int ALLOC = (KS_OFF + KS_BYTES + 15) / 16 * 16 + 1024;  // + base alignment
+  // 3 warpgroups: each consumer thread's row sums, parked across the cold tiles
+  static constexpr int PARK_OFF = (KS_OFF + KS_BYTES + 15) / 16 * 16;
+  static constexpr int PARK_BYTES = NC == 3 ? 128 * NC * 8 : 0;
+  static constexpr int ALLOC = PARK_OFF + PARK_BYTES + 1024;  // + base alignment
   static_assert(STAGE_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms");
   static_assert(STAGES >= 2 && STAGES < MEAN_BATCH, "mean buffers are reused every 2 batches");
 };
@@ -635,6 +642,18 @@ __device__ __forceinline__ void store_rm(float2* rbuf, int t, const float (&r)[2
   }
 }
 
+// The 3-warpgroup variants' cold tiles (the one that carries a batch's mean product, the masked
+// last one) need a few registers more than the loop's, which at 160 a thread has none to spare:
+// the row sums wait in shared memory (this thread's 8 bytes) from the tile's start to their
+// update, instead of ptxas spilling something to local memory. volatile: the store and the load
+// stay where they are written.
+__device__ __forceinline__ void park(uint32_t slot, const float (&l)[2]) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(slot), "f"(l[0]), "f"(l[1]) : "memory");
+}
+__device__ __forceinline__ void unpark(uint32_t slot, float (&l)[2]) {
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(l[0]), "=f"(l[1]) : "r"(slot) : "memory");
+}
+
 // V-Smooth's bookkeeping once tile j's product is in the accumulator: (r_j, m_j) into this
 // warpgroup's slots (m_j: the max P_j was encoded against, which is also the max the
 // accumulator is referenced to right now), and the mean MMA when a batch of 16 is complete.
@@ -777,8 +796,12 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
     const int row0 = m_block * BM + cw * 64 + warp * 16 + g;  // rows row0, row0 + 8
     // BM = 192: the last CTA of a head may hold rows past n_pad (computed, never written)
     const int q_row = BM == 128 ? row0 : min(row0, prm.n_pad - 1);
-    const float q_scale =
+    const float q_scale_row =
         prm.q_scale[static_cast<size_t>(bh) * (prm.n_pad / prm.q_rows) + q_row / prm.q_rows];
+    // Three warpgroups: the Q scale is the same across the warp (q_rows is 16 or 128, and a
+    // warp's 16 rows start at a multiple of 16); through a shuffle ptxas knows it and keeps it in
+    // a uniform register, one vector register fewer at 160.
+    const float q_scale = NC == 3 ? __shfl_sync(0xffffffffu, q_scale_row, 0) : q_scale_row;
     const float* k_scale = prm.k_scale + static_cast<size_t>(bh) * n_tiles;
     const int masked = (prm.n % BN) ? n_tiles - 1 : -1;  // the tile holding padded keys
     // Three warpgroups: the warpgroup index through a shuffle, which ptxas knows is warp-uniform,
@@ -787,7 +810,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
     // register (in the 2-warpgroup ping-pong this serialized vc-8bit's wgmmas: the probe
     // uniform-desc-q).
     const int cw_u = NC == 3 ? __shfl_sync(0xffffffffu, cw, 0) : cw;
-    float2* rbuf = reinterpret_cast<float2*>(smem + C::RBUF_OFF) + cw_u * MEAN_BATCH * 64;
+    float2* rbuf = reinterpret_cast<float2*>(smem + C::RBUF_OFF) + cw_u * C::RM_SLOTS * 64;
 
     // acc: FP32 on the CUDA cores; each tile's product comes in its own block (pv).
     float acc[64];
@@ -854,23 +877,27 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
       // PEEL also counts the stage and its phase instead of dividing j by STAGES every tile.
       int stage = 0, phase = 0;
       // PEEL's V-Smooth: each tile's (r, m) stored per row (lane q == 0) after its merge; at
-      // tile j = 16k (k >= 1) the batch of tiles j - 16 .. j - 1 is complete, its weights are
-      // taken against m_j (the max P_j is encoded against), and its product is one f16 wgmma
-      // in PV_j's group, into PV_j's block, which the merge rescales and adds like the rest (as
-      // -vs3s does in its turn). The last batch (and one due in the last tile) goes into acc
-      // after the loop. mma.sync (mean_flush) waits for every wgmma in
-      // flight on the SM, which with three warpgroups is always another warpgroup's: 10 ms at
-      // the Wan2.2 shape (docs/perf.md, session 18).
-      uint32_t w_prev[4] = {0u, 0u, 0u, 0u};  // LAST: the batch before it, if due there
-      bool due_last = false;
+      // tile j = 16k (k >= 1) the batch of tiles j - 16 .. j - 1 is complete: its weights,
+      // against m_j (the max P_j is encoded against), go to shared memory after the softmax,
+      // and its product is one f16 wgmma (A and B from shared memory) in PV_j's group, into
+      // PV_j's block, which the merge rescales and adds like the rest. The last batch (and the
+      // one before it, when the last tile opens a batch) goes into acc after the loop.
+      // mma.sync (mean_flush) waits for every wgmma in flight on the SM, which with three
+      // warpgroups is always another warpgroup's: 10 ms at the Wan2.2 shape (session 18).
       auto simple_tile = [&](int j, auto last, auto with_mean) {
         constexpr bool LAST = decltype(last)::value;
-        // MEAN: j = 16k (k >= 1), where the batch of tiles j - 16 .. j - 1 is complete: its
-        // weights against m_j, its product (unguarded, weights from registers) in PV_j's
-        // group into PV_j's block. A straight copy of the tile, not a guard: the guarded
-        // wgmma's dummy product cost 1-1.5 ms (session 18).
+        // MEAN: j = 16k (k >= 1), the tile that adds the batch before it. A straight copy of
+        // the tile, not a guard: a wgmma under a branch serializes the loop's (C7520), a guarded
+        // one cost its dummy product, 1-1.5 ms (session 18).
         constexpr bool MEAN = decltype(with_mean)::value && VSMOOTH;
         static_assert(!(MEAN && LAST), "the last tile's batch goes into acc after the loop");
+        // (r, m)'s slot: j's place in its batch, except a last tile that opens a batch, which
+        // takes slot 16 so that the batch before it, still owed, stays whole until after the loop
+        [[maybe_unused]] const int rm_slot =
+            LAST && (j & (MEAN_BATCH - 1)) == 0 ? MEAN_BATCH : j & (MEAN_BATCH - 1);
+        constexpr bool COLD = MEAN || LAST;
+        const uint32_t l_slot = base + C::PARK_OFF + (threadIdx.x - 128) * 8;
+        if constexpr (PEEL && COLD) park(l_slot, l);
         const int st = PEEL ? stage : j % STAGES;
         mbar_wait(full(st), PEEL ? phase : (j / STAGES) & 1);
         if constexpr (PEEL) {
@@ -882,7 +909,6 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         wgmma_commit();
         wgmma_wait<0>();
         reg_fence(s);
-        uint32_t w[4];  // MEAN: the batch's weights
         if constexpr (PEEL) {
           // the K scale from the stage (the producer wrote it): no register across tiles
           const float c_scale = q_scale * reinterpret_cast<const float*>(smem + C::KS_OFF)[st];
@@ -891,25 +917,31 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         } else {
           softmax(j);
         }
-        const uint64_t desc_mu = desc_means(mean_buffer(s_mbuf, (j >> 4) - 1));
-        pack_p<EXPCAST>(p, s);
-        // the weights once P is packed (S's registers free), against m_j
-        if constexpr (MEAN) mean_weights_rows<true>(w, rbuf, m, MEAN_BATCH, cw, warp, lane);
-        if constexpr (PEEL && LAST && VSMOOTH) {
-          due_last = j >= MEAN_BATCH && (j & (MEAN_BATCH - 1)) == 0;
-          if (due_last) mean_weights_rows<true>(w_prev, rbuf, m, MEAN_BATCH, cw, warp, lane);
+        if constexpr (MEAN) {
+          // the batch's weights against m_j into this warpgroup's A tile (S's 32 code registers
+          // live, not the PV block's 68): nothing more is live while PV runs than in any tile
+          uint32_t w[4];
+          mean_weights_rows<true>(w, rbuf, m, MEAN_BATCH, cw, warp, lane);
+          store_weights(smem + C::WBUF_OFF + cw_u * 64 * MEAN_BATCH * 2, w, warp, lane);
+          __syncwarp();  // a warp's weight rows are the A rows its part of the wgmma reads
         }
+        pack_p<EXPCAST>(p, s);
+        // MEAN: the batch's product in PV_j's group, into PV_j's block (merged with it), the
+        // weights from shared memory
+        [[maybe_unused]] const uint64_t desc_mu = desc_means(mean_buffer(s_mbuf, (j >> 4) - 1));
+        [[maybe_unused]] const uint64_t desc_w =
+            desc_means(smem_u32(smem + C::WBUF_OFF) + cw_u * 64 * MEAN_BATCH * 2);
+        [[maybe_unused]] float r[2];
         if constexpr (HALVES) {
           // PV_j in two column halves, one after the other, each merged as it lands: the live
           // block is 32 or 36 registers instead of 64 or 68 (the same products and merges per
           // element). The second half starts at V row 64 (8 swizzle atoms of 1024 bytes on) and
-          // carries ExpCast's ones column; the mean product in halves too (channels 64 on: 8
-          // core-matrix rows of 256 bytes on).
+          // carries ExpCast's ones column.
           float pa[32];
           reg_fence(p);
           wgmma_fence();
           issue_pv<true>(pa, p, desc_v(st));
-          if constexpr (MEAN) wgmma_f16_rs_n64(pa, w, desc_mu);
+          if constexpr (MEAN) wgmma_f16_ss_n64(pa, desc_w, desc_mu);
           wgmma_commit();
           wgmma_wait<0>();
           reg_fence(pa);
@@ -917,38 +949,37 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           float pb[C::NACC - 32];
           wgmma_fence();
           issue_pv<true>(pb, p, desc_v(st) + (64 * 128 >> 4));
-          if constexpr (MEAN) wgmma_f16_rs_n64(pb, w, desc_mu + (8 * 256 >> 4));
+          if constexpr (MEAN) wgmma_f16_ss_n64(pb, desc_w, desc_mu + (8 * 256 >> 4));
           wgmma_commit();
           wgmma_wait<0>();
           reg_fence(pb);
           reg_fence(p);
           mbar_arrive(empty(st));
-          float r[2];
           tile_rowsum<EXPCAST>(pb, rsum, r);
           merge_cols<32, 32>(acc, pb, alpha);
+          if constexpr (COLD) unpark(l_slot, l);
           rescale_l(l, alpha, r);
-          if constexpr (VSMOOTH) store_rm(rbuf, j & (MEAN_BATCH - 1), r, m, warp, lane, g);
         } else {
           float pv[C::NACC];
           reg_fence(p);
           wgmma_fence();
           issue_pv<true>(pv, p, desc_v(st));
-          if constexpr (MEAN) wgmma_f16_rs_n128(pv, w, desc_mu);
+          if constexpr (MEAN) wgmma_f16_ss_n128(pv, desc_w, desc_mu);
           wgmma_commit();
           wgmma_wait<0>();
           reg_fence(pv);
           reg_fence(p);
           mbar_arrive(empty(st));
           if constexpr (PEEL) {
-            float r[2];
             tile_rowsum<EXPCAST>(pv, rsum, r);
+            if constexpr (COLD) unpark(l_slot, l);
             merge_tile(acc, pv, l, alpha, r);
-            if constexpr (VSMOOTH) store_rm(rbuf, j & (MEAN_BATCH - 1), r, m, warp, lane, g);
-          } else {
+          } else {  // the 2-warpgroup "simple": V-Smooth's flush by mma.sync
             land_2l<EXPCAST, VSMOOTH>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf, s_mbuf, cw,
                                       warp, lane);
           }
         }
+        if constexpr (PEEL && VSMOOTH) store_rm(rbuf, rm_slot, r, m, warp, lane, g);
       };
       if constexpr (PEEL) {
         // tiles 0 .. last - 1 in batches; a batch's first tile (from the second batch on)
@@ -968,13 +999,19 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           for (int j = 0; j < last; ++j) simple_tile(j, With<false>{}, With<false>{});
         }
         simple_tile(last, With<true>{}, With<false>{});
-        if constexpr (VSMOOTH) {  // the batches still owed, against the final max, into acc
-          uint32_t w[4];
-          mean_weights_rows<true>(w, rbuf, m, (last & (MEAN_BATCH - 1)) + 1, cw, warp, lane);
+        if constexpr (VSMOOTH) {
+          // the batches still owed, against the final max: the last tile's and, when the last
+          // tile opens a batch (its (r, m) then in slot 16), the batch before it (else a
+          // product of zero weights: no branch around a wgmma)
+          const bool opens = (last & (MEAN_BATCH - 1)) == 0;
+          uint32_t w_prev[4], w[4];
+          mean_weights_rows<true>(w_prev, rbuf, m, opens && last > 0 ? MEAN_BATCH : 0, cw, warp,
+                                  lane);
+          mean_weights_rows<true>(w, opens ? rbuf + MEAN_BATCH * 64 : rbuf, m,
+                                  opens ? 1 : (last & (MEAN_BATCH - 1)) + 1, cw, warp, lane);
           reg_fence(acc);
           wgmma_fence();
-          if (due_last)  // the batch before the last tile (its weights taken in that tile)
-            wgmma_f16_rs_n128(acc, w_prev, desc_means(mean_buffer(s_mbuf, (last >> 4) - 1)));
+          wgmma_f16_rs_n128(acc, w_prev, desc_means(mean_buffer(s_mbuf, (last >> 4) - 1)));
           wgmma_f16_rs_n128(acc, w, desc_means(mean_buffer(s_mbuf, last >> 4)));
           wgmma_commit();
           wgmma_wait<0>();
