@@ -28,17 +28,17 @@ SAGE2_OFFICIAL_MS = 128.5  # ../shared/anchors/h200-attention.md, Wan2.2 shape, 
 # which compiled variants to time per method (all of them for the product's method)
 # (-late runs -vs3s's code on the exp2 path: not timed there)
 LATE = "pingpong-2lvl-vs3s-late"
-WG3, WG3H = "simple-3wg", "simple-3wg-h"
-METHODS = {"sage2-8bit": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", WG3, WG3H),
+WG3 = "simple-3wg"
+METHODS = {"sage2-8bit": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", WG3),
            "vc-8bit-vsmooth": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", "pingpong-2lvl-vs3s",
-                               WG3, WG3H),
+                               WG3),
            "vc-8bit": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", "pingpong-2lvl-vs3s", LATE,
-                       WG3, WG3H)}
+                       WG3)}
 # Rows that are a method with options: V-Smooth's cost measured inside one plan (the same
 # P path and scales, the mean term off; without it -vs3s runs -vs's code), not against
 # sage2-8bit's different plan.
-METHODS["vc-8bit-vsmooth/no-vsmooth"] = ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", WG3, WG3H)
-METHODS["vc-8bit/no-vsmooth"] = ("simple", "pingpong-2lvl-vs", LATE, WG3, WG3H)
+METHODS["vc-8bit-vsmooth/no-vsmooth"] = ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", WG3)
+METHODS["vc-8bit/no-vsmooth"] = ("simple", "pingpong-2lvl-vs", LATE, WG3)
 OPTIONS = {"vc-8bit-vsmooth/no-vsmooth": ("vc-8bit-vsmooth", {"vsmooth": False}),
            "vc-8bit/no-vsmooth": ("vc-8bit", {"vsmooth": False})}
 SAMPLE_HEADS, SAMPLE_ROWS = (0, 1), 256

@@ -15,10 +15,10 @@ import subprocess
 import sys
 from collections import Counter
 
-# template <EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, LATE, NC, HALVES> as mangled (all nine
+# template <EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, LATE, NC> as mangled (all eight
 # arguments; a build of older sources, with other template parameters, matches no instance)
 INSTANCE = re.compile(
-    r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELi(\d+)ELb(\d)ELb(\d)ELb(\d)ELi(\d)ELb(\d)EE")
+    r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELi(\d+)ELb(\d)ELb(\d)ELb(\d)ELi(\d)EE")
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
@@ -44,7 +44,7 @@ def main() -> int:
         if not m:
             continue
         instances += 1
-        expcast, vsmooth, pingpong, stages, vsx, vs3, late, nc, halves = (int(x) for x in m.groups())
+        expcast, vsmooth, pingpong, stages, vsx, vs3, late, nc = (int(x) for x in m.groups())
         base = Counter(op.split(".")[0] for op in ops)
         full = Counter(ops)
         ex2 = sum(v for k, v in full.items() if k.startswith("MUFU.EX2"))
@@ -55,7 +55,8 @@ def main() -> int:
         # in the ping-pong variant's prologue; V-Smooth's flush 8 per copy of mean_flush.
         # vs3s: the weights in up to three places (loop, last turn, epilogue), 8 each.
         # 3wg with V-Smooth: the softmax in four copies (first batch, a batch's first tile, the
-        # rest, the last tile: 8 alphas) and the weights in three places (24).
+        # rest, the last tile: 8 alphas) and the weights in three places (the batch tile, the
+        # two batches after the loop: 24).
         ex2_allowed = (8 + ((32 if vs3 or nc == 3 else 16) if vsmooth else 0)) if expcast else None
         problems = []
         if not base["IGMMA"]:
@@ -65,9 +66,7 @@ def main() -> int:
         if vsmooth and not base["HMMA"] and not base["HGMMA"]:  # the mean product: mma.sync or wgmma
             problems.append("no HMMA/HGMMA")
         notes = []
-        if local and nc == 3:  # compiled.EXPERIMENTAL_VARIANTS: reported, never a default
-            notes.append("local memory (experimental 3-warpgroup variant)")
-        elif local:
+        if local:
             problems.append("local memory")
         if depbar >= gmma:  # ptxas waits after every wgmma when it serializes them (C7511)
             problems.append("wgmma serialized")
@@ -77,7 +76,7 @@ def main() -> int:
         label = (f"{'pingpong' if pingpong else 'simple'} "
                  f"{'expcast' if expcast else 'exp2'}{' vsmooth' if vsmooth else ''} s{stages}"
                  f"{' vsx' if vsx else ''}{' vs3s' if vs3 else ''}{' late' if late else ''}"
-                 f"{' 3wg' if nc == 3 else ''}{' halves' if halves else ''}")
+                 f"{' 3wg' if nc == 3 else ''}")
         print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
               f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
               f"{'ok' if not problems else '; '.join(problems)}{'; ' if notes else ''}{'; '.join(notes)}")

@@ -14,13 +14,13 @@ per-channel E4M3 V, P by ExpCast-FP8 or exp2-then-E4M3, optional V-Smooth, head 
 consumer warpgroup runs QK, softmax, PV in turn), "pingpong-2lvl" (the two consumer warpgroups
 take turns on the tensor core), "pingpong-2lvl-vs" (scheduled for V-Smooth),
 "pingpong-2lvl-vs3s" (V-Smooth's mean product as a wgmma), "pingpong-2lvl-vs3s-late" (tile
-j's softmax while PV_{j-1} runs; ExpCast) and the experimental "simple-3wg" / "simple-3wg-h"
-(three consumer warpgroups, never a default while they spill); see VARIANTS' comment. The measured
-losers were removed (docs/perf.md): the grouped ("pingpong-g4-sat") and I2FP-free ("-sati")
-variants in session 13; direct accumulation ("pingpong", "simple-direct"), ExpCast without
-FFMA.SAT, and "-vs2" in session 15; "-vs3" (the mean weights in registers) and the polynomial
-exponentials ("-vs3-p4", "-p8") in session 16; "-split", the mean product after the
-softmax and "-late-2b" in session 17.
+j's softmax while PV_{j-1} runs; ExpCast) and "simple-3wg" (three consumer warpgroups, every
+plan's default); see VARIANTS' comment. The measured losers were removed (docs/perf.md): the
+grouped ("pingpong-g4-sat") and I2FP-free ("-sati") variants in session 13; direct accumulation
+("pingpong", "simple-direct"), ExpCast without FFMA.SAT, and "-vs2" in session 15; "-vs3" (the
+mean weights in registers) and the polynomial exponentials ("-vs3-p4", "-p8") in session 16;
+"-split", the mean product after the softmax and "-late-2b" in session 17; "simple-3wg-h" (PV in
+two column halves) in session 19.
 """
 
 from __future__ import annotations
@@ -65,40 +65,27 @@ HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
 # "simple-3wg": simple with three consumer warpgroups (192 query rows per CTA, 160 registers
 # each): three independent chains of QK, softmax and PV per scheduler instead of two that take
 # turns. The masked last tile runs outside the loop; V-Smooth's batch product is an f16 wgmma in
-# PV's group of each batch's first tile (mma.sync waited for the other warpgroups' wgmmas), the
-# means blocked. "simple-3wg-h": simple-3wg with each tile's PV product in two column halves
-# (N = 64, then the rest), each merged as it lands: half the live PV block.
+# PV's group of each batch's first tile (mma.sync waited for the other warpgroups' wgmmas), its
+# weights and the means from shared memory (the means blocked). No local memory at 160 registers
+# since session 19 (the weights through shared memory, the row sums parked there across the cold
+# tiles, the Q scale warp-uniform).
 VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3s": 3,
-            "pingpong-2lvl-vs3s-late": 4, "simple-3wg": 5, "simple-3wg-h": 6}
+            "pingpong-2lvl-vs3s-late": 4, "simple-3wg": 5}
 # the .cuh's reads_blocked_means: the variants whose V-Smooth means come blocked
-BLOCKED_MEANS_VARIANTS = ("pingpong-2lvl-vs3s", "pingpong-2lvl-vs3s-late", "simple-3wg",
-                          "simple-3wg-h")
+BLOCKED_MEANS_VARIANTS = ("pingpong-2lvl-vs3s", "pingpong-2lvl-vs3s-late", "simple-3wg")
 MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
-# Measured, not shipped: at 160 registers ptxas spills in these (mostly outside the hot loop;
-# docs/perf.md, session 18), and the kernel's acceptance is no local memory. default_variant
-# never picks them; benchmarks time them by name.
-EXPERIMENTAL_VARIANTS = ("simple-3wg", "simple-3wg-h")
 
 
 def default_variant(plan) -> str:
     """The fastest variant per kind of plan, measured on the H200 at the Wan2.2 shape
-    (docs/perf.md, sessions 13-17), through tests/test_gpu_compiled.py green. ExpCast runs
-    pingpong-2lvl-vs3s-late: vc-8bit 120.4 ms against -vs3s's 121.5 and -vs's 126.9 in one run
-    (session 17; 0.3% ahead of -vs3s in a second). Without V-Smooth its code is what ran as
-    -late-2b: 115.7 against the after-softmax late form's 117.2 in one run, a form that had run
-    116.0 against -vs's 118.4 in the other. exp2 with V-Smooth (vc-8bit-vsmooth) runs pingpong-2lvl-vs3s, 145.0 against simple
-    148.1 (session 16; -late runs -vs3s's code on the exp2 path). exp2 without V-Smooth
-    (sage2-8bit) runs simple since its P packing lost 48 instructions a tile: 138.2 against
-    pingpong-2lvl's 141.0 (139.7 against 142.4 for the same plan as vc-8bit-vsmooth's without
-    the mean term). Not yet the 3-warpgroup variants (EXPERIMENTAL_VARIANTS), faster in session
-    18 (vc-8bit simple-3wg-h 113.4 against -late's 121.8) but not free of local memory."""
-    from vcbench.kernels.probability import ExpCast
-
-    expcast = isinstance(plan.p, ExpCast)
-    if plan.vsmooth is not None:
-        return "pingpong-2lvl-vs3s-late" if expcast else "pingpong-2lvl-vs3s"
-    return "pingpong-2lvl-vs3s-late" if expcast else "simple"
-
+    (docs/perf.md), through tests/test_gpu_compiled.py green: simple-3wg for every plan since
+    session 19, in one run (ms, simple-3wg against the previous default): vc-8bit 111.3 against
+    pingpong-2lvl-vs3s-late's 123.0; vc-8bit without the mean term 110.2 against -late's 116.5;
+    vc-8bit-vsmooth 125.7 against pingpong-2lvl-vs3s's 146.5; sage2-8bit 126.5 against simple's
+    140.4. The 2-warpgroup variants stay for comparison (the ping-pong schedule is what the
+    issue's kernel description asks for)."""
+    del plan  # every plan the kernel runs: one variant
+    return "simple-3wg"
 
 IMPLEMENTATION = "vcbench-sm90"
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"
@@ -289,7 +276,7 @@ def arguments(ops, plan) -> dict:
 
 
 def blocked_means(v_mean):
-    """V-Smooth's block means (B, H, tiles, 128) fp16 as pingpong-2lvl-vs3s reads them: tiles
+    """V-Smooth's block means (B, H, tiles, 128) fp16 as simple-3wg and -vs3s read them: tiles
     zero-padded to whole batches of MEAN_BATCH, and each batch's 16 x 128 block laid out as
     wgmma's K-major B operand without swizzle, 8 x 8 core matrices: element (tile k, channel n)
     of a batch at (n // 8) * 128 + (k // 8) * 64 + (n % 8) * 8 + k % 8 (in elements). Shape

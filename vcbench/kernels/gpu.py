@@ -146,7 +146,7 @@ class GpuOperands:
     v_mean: torch.Tensor | None
     n: int
     permutation: torch.Tensor | None = None
-    # v_mean as the compiled kernel's pingpong-2lvl-vs3s reads it (compiled.blocked_means),
+    # v_mean as the compiled kernel's simple-3wg and -vs3s read it (compiled.blocked_means),
     # written here when the plan runs on the compiled kernel, so it is timed as preprocessing
     v_mean_blocked: torch.Tensor | None = None
 

@@ -171,12 +171,9 @@ __device__ __forceinline__ void wgmma_f16_ss_n{n}(float (&d)[NACC], uint64_t des
 
 
 def main():
-    # PV: N = 128 (exp2) or 136 (ExpCast's ones column); "simple-3wg" with ExpCast in two
-    # column halves, N = 64 and 72 (the second with the ones column)
-    pv = [e4m3_rs(n) + e4m3_rs_first(n) for n in (64, 72, 128, 136)]
+    pv = [e4m3_rs(n) + e4m3_rs_first(n) for n in (128, 136)]  # exp2; ExpCast's ones column
     text = (HEADER + s8_ss_first(128) + s8_ss(128) + "".join(pv) + f16_rs(128) + f16_ss_if(128)
-            + f16_ss(64) + f16_ss(128)
-            + "\n}  // namespace vc\n")
+            + f16_ss(128) + "\n}  // namespace vc\n")
     Path(__file__).with_name("wgmma_sm90.cuh").write_text(text)
 
 

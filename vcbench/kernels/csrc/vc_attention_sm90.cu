@@ -1,6 +1,6 @@
 // VC-Attention forward for Hopper (sm_90a): INT8 QK^T and FP8 PV on wgmma, Q/K/V tiles by TMA
-// into a multi-stage shared-memory pipeline on mbarriers, one producer warpgroup and two
-// consumer warpgroups (64 query rows each), ExpCast-FP8 or exp2-then-cast for P, V-Smooth's
+// into a multi-stage shared-memory pipeline on mbarriers, one producer warpgroup and two or
+// three consumer warpgroups (64 query rows each), ExpCast-FP8 or exp2-then-cast for P, V-Smooth's
 // mean restored in the same accumulator (paper Equation 6). Semantics: the Triton kernel
 // (vcbench/kernels/triton/attention.py) and its oracle, the emulation (online.py).
 //
@@ -37,12 +37,14 @@
 //   the two warpgroups take turns issuing, so one's softmax overlaps the other's matrix
 //   products. -vs3s issues V-Smooth's mean product as a wgmma in that turn instead of mma.sync.
 //
-// * "simple-3wg" (experimental): three consumer warpgroups (192 query rows, 160 registers a
-//   thread) on the simple schedule: each scheduler has three independent chains instead of two
-//   that take turns (vc-8bit 7% faster than -late, session 18). The masked last tile runs
-//   outside the loop, the K scale comes through shared memory, V-Smooth's batch product is a
-//   wgmma in PV's group of each batch's first tile (mma.sync would wait for the other
-//   warpgroups' wgmmas). "-h": PV in two column halves. ptxas still spills in their cold code.
+// * "simple-3wg", every plan's default: three consumer warpgroups (192 query rows, 160
+//   registers a thread) on the simple schedule: each scheduler has three independent chains
+//   instead of two that take turns (vc-8bit 9.5% faster than -late, session 19). At 160
+//   registers there is none to spare: the masked last tile runs outside the loop, the K scale
+//   comes through shared memory, the Q scale and the warpgroup index are warp-uniform, V-Smooth's
+//   batch product is an SS wgmma in PV's group of each batch's first tile with its weights in
+//   shared memory (mma.sync would wait for the other warpgroups' wgmmas), and the row sums wait
+//   in shared memory across the cold tiles. No local memory.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -301,32 +303,27 @@ __device__ __forceinline__ void issue_qk(uint32_t (&s)[64], uint64_t desc_q, uin
 }
 
 // acc += P V_j (FRESH: acc = P V_j, the first k-step overwriting): 4 k-steps of 32 keys, P
-// from registers. The block's width follows its registers: N = 2 NACC columns of V from
-// desc_v's row on (64 or 68 registers: the whole tile; 32 or 36: a column half, "simple-3wg").
-#define VC_PV_STEP(N)                                                                     \
-  if (FRESH && kk == 0)                                                                   \
-    wgmma_e4m3_rs_n##N##_first(acc, p[0], p[1], p[2], p[3], desc_v);                      \
-  else                                                                                    \
-    wgmma_e4m3_rs_n##N(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],       \
-                       desc_v + 2 * kk);
+// from registers.
 template <bool FRESH, int NACC>
 __device__ __forceinline__ void issue_pv(float (&acc)[NACC], const uint32_t (&p)[16],
                                          uint64_t desc_v) {
-  static_assert(NACC == 32 || NACC == 36 || NACC == 64 || NACC == 68, "a PV block width");
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     if constexpr (NACC == 68) {
-      VC_PV_STEP(136)
-    } else if constexpr (NACC == 64) {
-      VC_PV_STEP(128)
-    } else if constexpr (NACC == 36) {
-      VC_PV_STEP(72)
+      if (FRESH && kk == 0)
+        wgmma_e4m3_rs_n136_first(acc, p[0], p[1], p[2], p[3], desc_v);
+      else
+        wgmma_e4m3_rs_n136(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                           desc_v + 2 * kk);
     } else {
-      VC_PV_STEP(64)
+      if (FRESH && kk == 0)
+        wgmma_e4m3_rs_n128_first(acc, p[0], p[1], p[2], p[3], desc_v);
+      else
+        wgmma_e4m3_rs_n128(acc, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                           desc_v + 2 * kk);
     }
   }
 }
-#undef VC_PV_STEP
 
 // The online softmax of one S tile. This thread holds rows r (h = 0) and r + 8 (h = 1), S
 // columns 8c + 2q + b (s[4c + 2h + b]). On return m holds the new running max, alpha the
@@ -598,30 +595,16 @@ __device__ __forceinline__ void tile_rowsum(const float (&pv)[NACC], const float
 // measured it; FlashAttention's FP8 forward lost accuracy on long sequences from it), so
 // accumulating 4 x n_tiles wgmmas into one register block truncates it that many times.
 // pv: PV_j's block (64 registers, or 68 with ExpCast's ones column); its register i is acc's
-// register i, row g + 8 ((i >> 1) & 1). merge_cols merges COUNT registers of a block that holds
-// acc's registers FIRST on (a column half, "simple-3wg-h"); rescale_l updates the row sums.
-template <int FIRST, int COUNT, int NACC>
-__device__ __forceinline__ void merge_cols(float (&acc)[64], const float (&pv)[NACC],
-                                           const float (&alpha)[2]) {
-  static_assert(COUNT <= NACC && FIRST + COUNT <= 64 && FIRST % 4 == 0, "acc's registers");
-#pragma unroll
-  for (int i = 0; i < COUNT; ++i)
-    acc[FIRST + i] = fmaf(acc[FIRST + i], alpha[(i >> 1) & 1], pv[i]);
-}
-
-__device__ __forceinline__ void rescale_l(float (&l)[2], const float (&alpha)[2],
-                                          const float (&r)[2]) {
-  l[0] = l[0] * alpha[0] + r[0];
-  l[1] = l[1] * alpha[1] + r[1];
-}
-
+// register i, row g + 8 ((i >> 1) & 1).
 template <int NACC>
 __device__ __forceinline__ void merge_tile(float (&acc)[64], const float (&pv)[NACC],
                                            float (&l)[2], const float (&alpha)[2],
                                            const float (&r)[2]) {
   static_assert(NACC >= 64, "a whole PV block");
-  merge_cols<0, 64>(acc, pv, alpha);
-  rescale_l(l, alpha, r);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = fmaf(acc[i], alpha[(i >> 1) & 1], pv[i]);
+  l[0] = l[0] * alpha[0] + r[0];
+  l[1] = l[1] * alpha[1] + r[1];
 }
 
 // The shared-memory buffer of batch `batch` (tiles MEAN_BATCH * batch ...): two buffers that
@@ -697,7 +680,7 @@ __device__ __forceinline__ void land_2l(float (&acc)[64], const float (&pv)[NP],
 // the mean product as a wgmma in the warpgroup's turn, its weights from shared memory (see the
 // loop).
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false, bool LATE = false, int NC = 2, bool HALVES = false>
+          bool VS3 = false, bool LATE = false, int NC = 2>
 __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
     vc_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_k0,
@@ -707,7 +690,6 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
   using W = Warpgroups<NC>;
   constexpr int BM = W::BM, THREADS = W::THREADS;
   static_assert(NC == 2 || !PINGPONG, "ping-pong takes turns between two warpgroups");
-  static_assert(!HALVES || !PINGPONG, "PV in column halves: the simple schedule only");
   // the means blocked, a batch's product one wgmma: -vs3s / -late, and the 3-warpgroup variants
   constexpr bool BLOCKED = VS3 || NC == 3;
   extern __shared__ uint8_t smem_raw[];
@@ -931,55 +913,26 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         [[maybe_unused]] const uint64_t desc_mu = desc_means(mean_buffer(s_mbuf, (j >> 4) - 1));
         [[maybe_unused]] const uint64_t desc_w =
             desc_means(smem_u32(smem + C::WBUF_OFF) + cw_u * 64 * MEAN_BATCH * 2);
-        [[maybe_unused]] float r[2];
-        if constexpr (HALVES) {
-          // PV_j in two column halves, one after the other, each merged as it lands: the live
-          // block is 32 or 36 registers instead of 64 or 68 (the same products and merges per
-          // element). The second half starts at V row 64 (8 swizzle atoms of 1024 bytes on) and
-          // carries ExpCast's ones column.
-          float pa[32];
-          reg_fence(p);
-          wgmma_fence();
-          issue_pv<true>(pa, p, desc_v(st));
-          if constexpr (MEAN) wgmma_f16_ss_n64(pa, desc_w, desc_mu);
-          wgmma_commit();
-          wgmma_wait<0>();
-          reg_fence(pa);
-          merge_cols<0, 32>(acc, pa, alpha);
-          float pb[C::NACC - 32];
-          wgmma_fence();
-          issue_pv<true>(pb, p, desc_v(st) + (64 * 128 >> 4));
-          if constexpr (MEAN) wgmma_f16_ss_n64(pb, desc_w, desc_mu + (8 * 256 >> 4));
-          wgmma_commit();
-          wgmma_wait<0>();
-          reg_fence(pb);
-          reg_fence(p);
-          mbar_arrive(empty(st));
-          tile_rowsum<EXPCAST>(pb, rsum, r);
-          merge_cols<32, 32>(acc, pb, alpha);
+        float pv[C::NACC];
+        reg_fence(p);
+        wgmma_fence();
+        issue_pv<true>(pv, p, desc_v(st));
+        if constexpr (MEAN) wgmma_f16_ss_n128(pv, desc_w, desc_mu);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(pv);
+        reg_fence(p);
+        mbar_arrive(empty(st));
+        if constexpr (PEEL) {
+          float r[2];
+          tile_rowsum<EXPCAST>(pv, rsum, r);
           if constexpr (COLD) unpark(l_slot, l);
-          rescale_l(l, alpha, r);
-        } else {
-          float pv[C::NACC];
-          reg_fence(p);
-          wgmma_fence();
-          issue_pv<true>(pv, p, desc_v(st));
-          if constexpr (MEAN) wgmma_f16_ss_n128(pv, desc_w, desc_mu);
-          wgmma_commit();
-          wgmma_wait<0>();
-          reg_fence(pv);
-          reg_fence(p);
-          mbar_arrive(empty(st));
-          if constexpr (PEEL) {
-            tile_rowsum<EXPCAST>(pv, rsum, r);
-            if constexpr (COLD) unpark(l_slot, l);
-            merge_tile(acc, pv, l, alpha, r);
-          } else {  // the 2-warpgroup "simple": V-Smooth's flush by mma.sync
-            land_2l<EXPCAST, VSMOOTH>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf, s_mbuf, cw,
-                                      warp, lane);
-          }
+          merge_tile(acc, pv, l, alpha, r);
+          if constexpr (VSMOOTH) store_rm(rbuf, rm_slot, r, m, warp, lane, g);
+        } else {  // the 2-warpgroup "simple": V-Smooth's flush by mma.sync
+          land_2l<EXPCAST, VSMOOTH>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf, s_mbuf, cw, warp,
+                                    lane);
         }
-        if constexpr (PEEL && VSMOOTH) store_rm(rbuf, rm_slot, r, m, warp, lane, g);
       };
       if constexpr (PEEL) {
         // tiles 0 .. last - 1 in batches; a batch's first tile (from the second batch on)
@@ -1327,12 +1280,12 @@ bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dim
 }
 
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VSX = false,
-          bool VS3 = false, bool LATE = false, int NC = 2, bool HALVES = false>
+          bool VS3 = false, bool LATE = false, int NC = 2>
 struct Variant {
   using C = Config<EXPCAST, VSMOOTH, PINGPONG, STAGES, VS3, NC>;
   static constexpr int THREADS = Warpgroups<NC>::THREADS;
   static constexpr auto kernel =
-      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, LATE, NC, HALVES>;
+      vc_attention_kernel<EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, LATE, NC>;
 
   static const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
                             cudaStream_t stream) {
@@ -1370,6 +1323,8 @@ struct Variant {
 //                        (compiled.blocked_means): no mma.sync, one loop body
 //   4 pingpong-2lvl-vs3s-late  as 3, tile j's softmax while PV_{j-1} runs (QK_j, PV_{j-1} and
 //                        the mean product in three wgmma groups of the turn); exp2: 3's code
+//   5 simple-3wg         0 with three consumer warpgroups (192 query rows, 160 registers):
+//                        the default of every plan since session 19
 // The measured losers are gone (docs/perf.md, sessions 11-16): direct accumulation into the
 // wgmma block ("pingpong", "simple-direct": the accumulator's truncation drifts from the
 // emulation), ExpCast's FFMA + FMNMX + FADD form (the "-sat" variants won), "-vs2" (the mean
@@ -1379,24 +1334,23 @@ struct Variant {
 // faster at 7x the deviation from the emulation), and, in session 17, the other overlaps of tile
 // j's softmax with PV_{j-1}: "-split" (PV in two column halves, the softmax beside the second:
 // 1-2% behind -late), the mean product after the softmax (it queued behind the other
-// warpgroup's turn) and "-late-2b" (two loop bodies, tied with the three groups).
-constexpr int N_VARIANTS = 7;
+// warpgroup's turn) and "-late-2b" (two loop bodies, tied with the three groups); in session 19
+// "simple-3wg-h" (simple-3wg with PV in two column halves: not faster, and ptxas spilled in it).
+constexpr int N_VARIANTS = 6;
 static_assert(reads_blocked_means(3) && reads_blocked_means(4) && reads_blocked_means(5) &&
-                  reads_blocked_means(6) && !reads_blocked_means(2),
+                  !reads_blocked_means(2),
               "the VS3 and 3-warpgroup variants read the means blocked");
 constexpr const char* VARIANT_NAMES[N_VARIANTS] = {"simple", "pingpong-2lvl", "pingpong-2lvl-vs",
                                                    "pingpong-2lvl-vs3s",
-                                                   "pingpong-2lvl-vs3s-late", "simple-3wg",
-                                                   "simple-3wg-h"};
+                                                   "pingpong-2lvl-vs3s-late", "simple-3wg"};
 // Consumer warpgroups of each variant: query rows per CTA 64 x that.
 constexpr int consumer_warpgroups(int variant) { return variant >= 5 ? 3 : 2; }
 constexpr int STAGES_ALL = 3;
 
-template <bool PINGPONG, bool VSX = false, bool VS3 = false, bool LATE = false, int NC = 2,
-          bool HALVES = false>
+template <bool PINGPONG, bool VSX = false, bool VS3 = false, bool LATE = false, int NC = 2>
 struct Family {
   template <bool E, bool V>
-  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3, LATE, NC, HALVES>;
+  using Of = Variant<E, V, PINGPONG, STAGES_ALL, VSX, VS3, LATE, NC>;
 
   static const char* launch(bool expcast, bool vsmooth, const CUtensorMap (&maps)[4],
                             const Params& prm, dim3 grid, cudaStream_t stream) {
@@ -1482,12 +1436,9 @@ const char* forward(const ForwardArgs& a) {
     case 3: return Family<true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
     case 4:
       return Family<true, true, true, true>::launch(a.expcast, vsmooth, maps, prm, grid, stream);
-    case 5:
+    default:  // 5 (forward checked the range)
       return Family<false, false, false, false, 3>::launch(a.expcast, vsmooth, maps, prm, grid,
                                                             stream);
-    default:  // 6 (forward checked the range)
-      return Family<false, false, false, false, 3, true>::launch(a.expcast, vsmooth, maps, prm,
-                                                                  grid, stream);
   }
 }
 
@@ -1500,7 +1451,6 @@ const char* describe() {
   Family<true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[3]);
   Family<true, true, true, true>::describe(text, sizeof(text), VARIANT_NAMES[4]);
   Family<false, false, false, false, 3>::describe(text, sizeof(text), VARIANT_NAMES[5]);
-  Family<false, false, false, false, 3, true>::describe(text, sizeof(text), VARIANT_NAMES[6]);
   return text;
 }
 

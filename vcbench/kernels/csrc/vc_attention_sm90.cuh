@@ -41,8 +41,7 @@ constexpr int MEAN_BATCH = 16;
 
 // The variants that read V-Smooth's means blocked (compiled.blocked_means: whole batches of 16
 // tiles, zero-padded, each as wgmma's K-major B operand) instead of (B, H, tiles, D) rows:
-// pingpong-2lvl-vs3s, pingpong-2lvl-vs3s-late, simple-3wg and simple-3wg-h
-// (compiled.BLOCKED_MEANS_VARIANTS).
+// pingpong-2lvl-vs3s, pingpong-2lvl-vs3s-late and simple-3wg (compiled.BLOCKED_MEANS_VARIANTS).
 constexpr bool reads_blocked_means(int variant) { return variant >= 3; }
 
 // nullptr on success, else a message (static storage) saying what was refused or failed.
