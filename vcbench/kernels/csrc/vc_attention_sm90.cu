@@ -89,7 +89,11 @@ struct Params {
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VS3 = false, int NC = 2>
 struct Config {
   static constexpr int BM = Warpgroups<NC>::BM;
+#ifdef VC_PROBE_NO_ONES  // timing probe (compiled.PROBES): ExpCast's row sums wrong by design
+  static constexpr int PV_N = 128;
+#else
   static constexpr int PV_N = EXPCAST ? 136 : 128;  // + ones column (ExpCast's row sum)
+#endif
   static constexpr int NACC = PV_N / 2;             // accumulator registers per thread
   static constexpr int Q_BYTES = BM * D;
   static constexpr int K_BYTES = BN * D;
@@ -375,7 +379,11 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
         uint32_t u[2];
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
+#ifdef VC_PROBE_NO_I2F  // timing probe (compiled.PROBES): the scores' bits as FP32, wrong
+          const float x = __uint_as_float(s[4 * c + 2 * h + b]);
+#else
           const float x = static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b]));
+#endif
           float t = fma_sat(x, c8 * 0.00390625f, bias[h] * 0.00390625f);
           if (MASK && key_of(c, q, b) >= n_valid) t = 0.f;
           u[b] = __float_as_uint(fmaf(t, 256.f, 12582912.f));  // low byte: rne(t)
