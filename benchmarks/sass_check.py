@@ -65,7 +65,6 @@ def main() -> int:
             problems.append("no QGMMA")
         if vsmooth and not base["HMMA"] and not base["HGMMA"]:  # the mean product: mma.sync or wgmma
             problems.append("no HMMA/HGMMA")
-        notes = []
         if local:
             problems.append("local memory")
         if depbar >= gmma:  # ptxas waits after every wgmma when it serializes them (C7511)
@@ -79,7 +78,7 @@ def main() -> int:
                  f"{' 3wg' if nc == 3 else ''}")
         print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
               f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
-              f"{'ok' if not problems else '; '.join(problems)}{'; ' if notes else ''}{'; '.join(notes)}")
+              f"{'ok' if not problems else '; '.join(problems)}")
     names = sorted({op for _, ops in functions(sass) for op in ops if "GMMA" in op})
     print("matrix instructions as printed:", ", ".join(names))
     if not instances:

@@ -87,14 +87,16 @@ def default_variant(plan) -> str:
     del plan  # every plan the kernel runs: one variant
     return "simple-3wg"
 
+
 IMPLEMENTATION = "vcbench-sm90"
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"
 
 
 # Timing probes (benchmarks/vsmooth_probe.sh, docs/perf.md): VCBENCH_KERNEL_PROBE=NAME[,NAME]
 # builds the kernel with one part compiled out or simplified (V-Smooth's bookkeeping, ExpCast's
-# ones column, the int-to-float conversion of S), to measure what that part costs. A probe build computes wrong outputs by design: its hash differs (it never stands in
-# for a real build), status() refuses it to every caller, and only load(probe_ok=True) opens it.
+# ones column, the int-to-float conversion of S), to measure what that part costs. A probe build
+# computes wrong outputs by design: its hash differs (it never stands in for a real build),
+# status() refuses it to every caller, and only load(probe_ok=True) opens it.
 PROBES = {"no-mean-mma": "VC_PROBE_NO_MEAN_MMA",      # the flush's LDSM + HMMA (its weights kept)
           "no-mean-flush": "VC_PROBE_NO_MEAN_FLUSH",  # the whole flush ((r, m) still stored)
           "uniform-desc-q": "VC_PROBE_UNIFORM_DESC_Q",  # Q's descriptor in uniform registers

@@ -549,7 +549,6 @@ __device__ __forceinline__ uint64_t desc_means(uint32_t addr) {
          (static_cast<uint64_t>(256 >> 4) << 32);
 }
 
-
 // VS3, in the loop: this thread's mean weights (mean_weights4's fragment) into its
 // warpgroup's A tile in shared memory, 64 rows x 16 tiles f16 in the layout desc_means names
 // (K-major, no swizzle: core matrices 128 bytes apart along the tiles, 256 along the rows), for
