@@ -84,6 +84,7 @@ struct Params {
   long long out_sb, out_sh, out_sn;
   int heads, n, n_pad, n_tiles, q_rows, out_bf16;
   float expcast_bias, log2_p_scale;
+  uint64_t desc_zero;  // 0 (see the 3-warpgroup loop's descriptors)
 };
 
 template <bool EXPCAST, bool VSMOOTH, bool PINGPONG, int STAGES, bool VS3 = false, int NC = 2>
@@ -341,7 +342,12 @@ __device__ __forceinline__ void issue_pv(float (&acc)[NACC], const uint32_t (&p)
 // t <= 120 + beta < 256 never reaches the upper clamp; t < 0 and NaN give 0), and a second
 // FFMA fma(t/256, 256, 1.5 * 2^23) is the magic add of the exact t: FFMA.SAT + FFMA replace
 // FFMA + FMNMX + FADD, one ALU-pipe instruction less per score.
-template <bool EXPCAST, bool MASK>
+// LEAN (the 3-warpgroup kernel; the 2-warpgroup variants keep the form they were measured in,
+// where ptxas spilled with these): the ALU pipe (I2FP, the max, PRMT, half rate) is the
+// softmax's busiest, so the byte pairs are built by IMAD on the FMA pipe, and a few
+// instructions less a tile (the magic add with an immediate, the 2^-8 folds, no select for
+// alpha). Session 20: vc-8bit 3.4% faster (docs/perf.md).
+template <bool EXPCAST, bool MASK, bool LEAN = false>
 __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], float (&alpha)[2],
                                              float (&rsum)[2], float c_scale, float expcast_bias,
                                              float log2_p_scale, int n_valid, int q) {
@@ -365,13 +371,24 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     m_new[h] = fmaxf(m[h], static_cast<float>(mx[h]) * c_scale);  // c_scale >= 0
-    alpha[h] = (m_new[h] == m[h]) ? 1.f : ex2(m[h] - m_new[h]);    // per row: MUFU allowed
+    // per row: MUFU allowed. LEAN ExpCast: no compare and select for an unchanged max, ex2(0)
+    // is exactly 1 and the first tile's ex2(-inf) is 0 (m_new is finite: the scores are). The
+    // exp2 path keeps the select: there the MUFU pipe carries P (1% slower without it).
+    alpha[h] = (LEAN && EXPCAST) || m_new[h] != m[h] ? ex2(m[h] - m_new[h]) : 1.f;
     m[h] = m_new[h];
   }
   if constexpr (EXPCAST) {
     // t = S*8 + (120 + beta - 8m): one FFMA from the raw score; the code is rne(max(t, 0)).
-    const float c8 = c_scale * 8.f;
-    const float bias[2] = {expcast_bias - m_new[0] * 8.f, expcast_bias - m_new[1] * 8.f};
+    // Both operands scaled by 2^-8 as the folded clamp needs. LEAN: each in one instruction,
+    // c8/256 = c_scale/32 and bias/256 = fma(m, -1/32, expcast_bias/256), the same floats
+    // (powers of two commute with the rounding).
+    const float eb_256 = expcast_bias * 0.00390625f;
+    const float c8_256 = LEAN ? c_scale * 0.03125f : c_scale * 8.f * 0.00390625f;
+    float bias_256[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      bias_256[h] = LEAN ? fmaf(m_new[h], -0.03125f, eb_256)
+                         : (expcast_bias - m_new[h] * 8.f) * 0.00390625f;
 #pragma unroll
     for (int c = 0; c < 16; ++c)
 #pragma unroll
@@ -384,11 +401,16 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
 #else
           const float x = static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b]));
 #endif
-          float t = fma_sat(x, c8 * 0.00390625f, bias[h] * 0.00390625f);
+          float t = fma_sat(x, c8_256, bias_256[h]);
           if (MASK && key_of(c, q, b) >= n_valid) t = 0.f;
-          u[b] = __float_as_uint(fmaf(t, 256.f, 12582912.f));  // low byte: rne(t)
+          // low byte: rne(256 t). LEAN: as an add with an immediate, t + 1.5 * 2^15, whose
+          // ulp is 2^-8 (no register holding 256)
+          u[b] = __float_as_uint(LEAN ? t + 49152.f : fmaf(t, 256.f, 12582912.f));
         }
-        s[4 * c + 2 * h] = prmt(u[0], u[1], 0x0040);  // byte 0: column b = 0, byte 1: b = 1
+        // byte 0: column b = 0, byte 1: b = 1. LEAN: by an IMAD, which runs on the FMA pipe
+        // (PRMT, like I2FP and the max, on the ALU pipe, the softmax's busiest): u1 * 0x10100
+        // puts code 1 in byte 1 and nothing in byte 0, and u0's byte 1 is 0 (the magic's)
+        s[4 * c + 2 * h] = LEAN ? u[1] * 0x10100u + u[0] : prmt(u[0], u[1], 0x0040);
       }
   } else {
     // exp2(S - m + log2 P_SCALE), one FFMA into the exponent; P = E4M3(p), r = sum of p, as
@@ -470,11 +492,10 @@ __device__ __forceinline__ void mean_mma(float (&acc)[NACC], const uint32_t (&a)
 // barrier (the default, kept for the measured variants) also waits for the warpgroup's other
 // warps. After it returns, every read is done (the next batch may write slot 0).
 template <bool WARP_SYNC>
-__device__ __forceinline__ void mean_weights_rows(uint32_t (&a)[4], const float2* rbuf,
+__device__ __forceinline__ void mean_weights_rows(uint32_t (&a)[4], const float* rbuf,
                                                   const float (&m_ref)[2], int count, int cw,
                                                   int warp, int lane) {
-  const int q = lane & 3, g = lane >> 2;
-  const int row = warp * 16 + g;
+  const int q = lane & 3, i = warp * 8 + (lane >> 2);  // store_rm's index of this quad
   if constexpr (WARP_SYNC)
     __syncwarp();
   else
@@ -487,8 +508,8 @@ __device__ __forceinline__ void mean_weights_rows(uint32_t (&a)[4], const float2
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int t = 2 * q + 8 * hk + e;
-        const float2 rm = rbuf[t * 64 + row + 8 * h];
-        v[e] = (t < count) ? rm.x * ex2(rm.y - m_ref[h]) : 0.f;
+        const float r_t = rbuf[t * 128 + 32 * h + i], m_t = rbuf[t * 128 + 64 + 32 * h + i];
+        v[e] = (t < count) ? r_t * ex2(m_t - m_ref[h]) : 0.f;
       }
       a[2 * hk + h] = f16x2(v[1], v[0]);
     }
@@ -499,9 +520,9 @@ __device__ __forceinline__ void mean_weights_rows(uint32_t (&a)[4], const float2
 }
 
 // V-Smooth: acc += sum over the batch's tiles t of f16(r_t 2^(m_t - m_ref)) f16(mu_t)^T, one
-// m16n8k16 per 8 output columns. rbuf: this warpgroup's [16 slots][64 rows] of (r, m).
+// m16n8k16 per 8 output columns. rbuf: this warpgroup's (r, m) slots (store_rm's layout).
 template <int NACC, bool WARP_SYNC = false>
-__device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float2* rbuf, uint32_t mbuf,
+__device__ __forceinline__ void mean_flush(float (&acc)[NACC], const float* rbuf, uint32_t mbuf,
                                            const float (&m_ref)[2], int count, int cw, int warp,
                                            int lane) {
 #ifdef VC_PROBE_NO_MEAN_FLUSH  // timing probe (compiled.PROBES): wrong outputs by design
@@ -621,15 +642,30 @@ __device__ __forceinline__ uint32_t mean_buffer(uint32_t mbuf_base, int batch) {
   return mbuf_base + (batch & 1) * (MEAN_BATCH * D * 2);
 }
 
-// Tile (r, m) into slot t of this warpgroup's rows: the q == 0 lane of each quad (g = lane / 4)
-// holds the row's r (ExpCast's ones column) and stores rows 16 warp + g and + 8.
-__device__ __forceinline__ void store_rm(float2* rbuf, int t, const float (&r)[2],
-                                         const float (&m)[2], int warp, int lane, int g) {
-  if ((lane & 3) == 0) {
-    float2* slot = rbuf + t * 64 + warp * 16 + g;
-    slot[0] = make_float2(r[0], m[0]);
-    slot[8] = make_float2(r[1], m[1]);
-  }
+// Tile (r, m) into slot t of this warpgroup's rows. A slot is 128 floats: r of rows 16 warp + g,
+// r of rows 16 warp + g + 8, m of the same, m of the same, 32 each at index i = 8 warp + g
+// (g = lane / 4), which is the thread's index in its warpgroup over 4. The q == 0 lane of each
+// quad holds the rows' r (ExpCast's ones column) and stores; for it, 4 i is its index in the
+// warpgroup itself, so the byte offset needs no arithmetic beyond that and the stores take one
+// base register with immediate offsets (no pair of registers to fill, as float2 stores need).
+// rm_lanes: rm_lanes_of(rbuf, cw), uniform, so that the address is one add to threadIdx.x.
+__device__ __forceinline__ uint32_t rm_lanes_of(const float* rbuf, int cw) {
+  return smem_u32(rbuf) - 128 * (cw + 1);  // + threadIdx.x: the thread's index in its warpgroup
+}
+__device__ __forceinline__ void store_rm(uint32_t rm_lanes, int t, const float (&r)[2],
+                                         const float (&m)[2]) {
+  uint32_t tid;  // read here (volatile): no register holds it, or the address, across the loop
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+  const uint32_t at = rm_lanes + t * 512 + tid;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.eq.b32 p, %0, 0;\n"
+      "@p st.shared.f32 [%1], %2;\n"
+      "@p st.shared.f32 [%1+128], %3;\n"
+      "@p st.shared.f32 [%1+256], %4;\n"
+      "@p st.shared.f32 [%1+384], %5;\n}\n" ::"r"(tid & 3),
+      "r"(at), "f"(r[0]), "f"(r[1]), "f"(m[0]), "f"(m[1])
+      : "memory");
 }
 
 // The 3-warpgroup variants' cold tiles (the one that carries a batch's mean product, the masked
@@ -650,10 +686,10 @@ __device__ __forceinline__ void unpark(uint32_t slot, float (&l)[2]) {
 template <int NACC, bool WARP_SYNC = false>
 __device__ __forceinline__ void vsmooth_tile(float (&acc)[NACC], const float (&r)[2],
                                              const float (&m_j)[2], int j, int n_tiles,
-                                             float2* rbuf, uint32_t mbuf_base, int cw, int warp,
+                                             float* rbuf, uint32_t mbuf_base, int cw, int warp,
                                              int lane) {
   const int t = j % MEAN_BATCH;
-  store_rm(rbuf, t, r, m_j, warp, lane, lane >> 2);
+  store_rm(rm_lanes_of(rbuf, cw), t, r, m_j);
   if (t == MEAN_BATCH - 1 || j == n_tiles - 1) {
     mean_flush<NACC, WARP_SYNC>(acc, rbuf, mean_buffer(mbuf_base, j / MEAN_BATCH), m_j, t + 1, cw,
                                 warp, lane);
@@ -665,7 +701,7 @@ __device__ __forceinline__ void vsmooth_tile(float (&acc)[NACC], const float (&r
 template <bool EXPCAST, bool VSMOOTH, int NP, bool WARP_SYNC = false>
 __device__ __forceinline__ void land_2l(float (&acc)[64], const float (&pv)[NP], float (&l)[2],
                                         const float (&a_j)[2], const float (&r_in)[2],
-                                        const float (&m_j)[2], int j, int n_tiles, float2* rbuf,
+                                        const float (&m_j)[2], int j, int n_tiles, float* rbuf,
                                         uint32_t mbuf, int cw, int warp, int lane) {
   float r[2];
   tile_rowsum<EXPCAST>(pv, r_in, r);
@@ -799,7 +835,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
     // register (in the 2-warpgroup ping-pong this serialized vc-8bit's wgmmas: the probe
     // uniform-desc-q).
     const int cw_u = NC == 3 ? __shfl_sync(0xffffffffu, cw, 0) : cw;
-    float2* rbuf = reinterpret_cast<float2*>(smem + C::RBUF_OFF) + cw_u * C::RM_SLOTS * 64;
+    float* rbuf = reinterpret_cast<float*>(smem + C::RBUF_OFF) + cw_u * C::RM_SLOTS * 128;
 
     // acc: FP32 on the CUDA cores; each tile's product comes in its own block (pv).
     float acc[64];
@@ -865,6 +901,15 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
       constexpr bool PEEL = NC == 3;
       // PEEL also counts the stage and its phase instead of dividing j by STAGES every tile.
       int stage = 0, phase = 0;
+      // PEEL: the descriptors as opaque 64-bit values (plus desc_zero, which ptxas cannot know
+      // is 0): each k-step's is then one 64-bit uniform add, where a known constant high word
+      // made ptxas rebuild both words of every descriptor every tile. dk: the stage's K tile.
+      const uint64_t dq = desc_q + prm.desc_zero, dk0 = desc_k(0) + prm.desc_zero;
+      uint64_t dk = dk0;
+      // = rm_lanes_of(rbuf, cw_u), written from base (the form measured: through rbuf, ptxas
+      // allocates the V-Smooth instances' registers differently)
+      [[maybe_unused]] const uint32_t rm_lanes =
+          base + C::RBUF_OFF + cw_u * C::RM_SLOTS * 512 - 128 * (cw_u + 1);
       // PEEL's V-Smooth: each tile's (r, m) stored per row (lane q == 0) after its merge; at
       // tile j = 16k (k >= 1) the batch of tiles j - 16 .. j - 1 is complete: its weights,
       // against m_j (the max P_j is encoded against), go to shared memory after the softmax,
@@ -889,19 +934,22 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         if constexpr (PEEL && COLD) park(l_slot, l);
         const int st = PEEL ? stage : j % STAGES;
         mbar_wait(full(st), PEEL ? phase : (j / STAGES) & 1);
+        const uint64_t dk_j = PEEL ? dk : desc_k(st);
+        const uint64_t dv_j = PEEL ? dk + (C::K_BYTES >> 4) : desc_v(st);
         if constexpr (PEEL) {
           stage = stage == STAGES - 1 ? 0 : stage + 1;
           phase ^= stage == 0;
+          dk = stage == 0 ? dk0 : dk + (C::STAGE_BYTES >> 4);
         }
         wgmma_fence();
-        issue_qk(s, desc_q, desc_k(st));
+        issue_qk(s, PEEL ? dq : desc_q, dk_j);
         wgmma_commit();
         wgmma_wait<0>();
         reg_fence(s);
         if constexpr (PEEL) {
           // the K scale from the stage (the producer wrote it): no register across tiles
           const float c_scale = q_scale * reinterpret_cast<const float*>(smem + C::KS_OFF)[st];
-          softmax_tile<EXPCAST, LAST>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
+          softmax_tile<EXPCAST, LAST, true>(s, m, alpha, rsum, c_scale, prm.expcast_bias,
                                       prm.log2_p_scale, LAST ? prm.n - j * BN : BN, q);
         } else {
           softmax(j);
@@ -923,7 +971,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         float pv[C::NACC];
         reg_fence(p);
         wgmma_fence();
-        issue_pv<true>(pv, p, desc_v(st));
+        issue_pv<true>(pv, p, dv_j);
         if constexpr (MEAN) wgmma_f16_ss_n128(pv, desc_w, desc_mu);
         wgmma_commit();
         wgmma_wait<0>();
@@ -935,7 +983,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           tile_rowsum<EXPCAST>(pv, rsum, r);
           if constexpr (COLD) unpark(l_slot, l);
           merge_tile(acc, pv, l, alpha, r);
-          if constexpr (VSMOOTH) store_rm(rbuf, rm_slot, r, m, warp, lane, g);
+          if constexpr (VSMOOTH) store_rm(rm_lanes, rm_slot, r, m);
         } else {  // the 2-warpgroup "simple": V-Smooth's flush by mma.sync
           land_2l<EXPCAST, VSMOOTH>(acc, pv, l, alpha, rsum, m, j, n_tiles, rbuf, s_mbuf, cw, warp,
                                     lane);
@@ -952,7 +1000,9 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           while (j < last) {
             simple_tile(j, With<false>{}, With<true>{});
             ++j;
-            for (const int e = min(j + MEAN_BATCH - 1, last); j < e; ++j)
+            // the batch's other tiles, counted down (two instructions a tile; the bound
+            // min(j + 15, last) was rebuilt every tile, three)
+            for (int k = min(MEAN_BATCH - 1, last - j); k > 0; --k, ++j)
               simple_tile(j, With<false>{}, With<false>{});
           }
         } else {
@@ -967,7 +1017,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
           uint32_t w_prev[4], w[4];
           mean_weights_rows<true>(w_prev, rbuf, m, opens && last > 0 ? MEAN_BATCH : 0, cw, warp,
                                   lane);
-          mean_weights_rows<true>(w, opens ? rbuf + MEAN_BATCH * 64 : rbuf, m,
+          mean_weights_rows<true>(w, opens ? rbuf + MEAN_BATCH * 128 : rbuf, m,
                                   opens ? 1 : (last & (MEAN_BATCH - 1)) + 1, cw, warp, lane);
           reg_fence(acc);
           wgmma_fence();
@@ -1433,6 +1483,7 @@ const char* forward(const ForwardArgs& a) {
   prm.out_bf16 = a.out_bf16 ? 1 : 0;
   prm.expcast_bias = a.expcast_bias;
   prm.log2_p_scale = a.log2_p_scale;
+  prm.desc_zero = 0;
   const bool vsmooth = a.v_mean != nullptr;
   const dim3 grid((a.n_pad + bm - 1) / bm, static_cast<unsigned>(bh));
   auto stream = static_cast<cudaStream_t>(a.stream);
