@@ -127,6 +127,16 @@ def test_q_per_block_and_options_without_v_smooth_are_supported():
     assert compiled.unsupported_reason(m.plan(), head_dim=64) is not None
 
 
+def test_expcast_beta_past_the_kernels_implicit_clip_is_refused():
+    # the kernels reach the emulation's clip at code 120 only through t <= 120 + beta
+    m = get_method("vc-8bit")
+    for beta, ok in ((-0.35, True), (0.25, True), (0.3, False), (0.6, False)):
+        plan = m.build(m.resolve({"expcast_beta": beta}))
+        for reason in (gpu.unsupported_reason(plan), compiled.unsupported_reason(plan)):
+            assert (reason is None) == ok
+            assert ok or "beta" in reason
+
+
 def test_kernel_arguments_match_the_triton_switches():
     class Ops:
         n = 1000

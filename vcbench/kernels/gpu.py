@@ -65,6 +65,12 @@ def official_sageattention():
     return sageattention, version
 
 
+# The GPU kernels never clamp ExpCast's code at 120: the row maximum's t = 120 + beta plus the
+# rounding of m (a few ulps of 8m) stays below 120.5 when beta <= 0.25, even at |m| ~ 2^16.
+# (The compiled kernel's byte packing also relies on codes below 256.)
+EXPCAST_BETA_MAX = 0.25
+
+
 def unsupported_reason(plan: Plan) -> str | None:
     """Why the Triton kernel cannot run this plan, or None if it can."""
     if plan.q.fmt not in (INT8, E4M3) or plan.k.fmt is not plan.q.fmt:
@@ -78,6 +84,9 @@ def unsupported_reason(plan: Plan) -> str | None:
     if not isinstance(plan.p, (ExpCast, ExpThenCast)) or (
             isinstance(plan.p, ExpThenCast) and plan.p.fmt is not E4M3):
         return "P must be E4M3"
+    if isinstance(plan.p, ExpCast) and not plan.p.beta <= EXPCAST_BETA_MAX:
+        return (f"ExpCast's beta must be at most {EXPCAST_BETA_MAX:g} on the GPU kernels (they "
+                "reach the emulation's clip at code 120 by t <= 120 + beta, not by a clamp)")
     if plan.accum != "fp32":
         return "only FP32 accumulation"
     if plan.smooth_q or plan.block_m != TILE or plan.block_n != TILE:
