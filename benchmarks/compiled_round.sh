@@ -11,16 +11,18 @@
 #      table last.
 # Usage (repo root; PYTHONPATH=. plus FA4's as ../shared/device/README.md shows):
 #   bash benchmarks/compiled_round.sh [--timeit-s W,S] [--skip-tests] [--skip-timing] [--shape SHAPE]
+#     [--methods A,B] (compiled_timeit's rows; default all)
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-TIMEIT="2,2"; TESTS=1; TIMING=1; SHAPE=wan22-720p
+TIMEIT="2,2"; TESTS=1; TIMING=1; SHAPE=wan22-720p; METHODS=()
 while [ $# -gt 0 ]; do
   case $1 in
     --timeit-s) TIMEIT=$2; shift 2 ;;
     --skip-tests) TESTS=0; shift ;;
     --skip-timing) TIMING=0; shift ;;
     --shape) SHAPE=$2; shift 2 ;;
+    --methods) METHODS=(--methods "$2"); shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -69,4 +71,4 @@ fi
 [ $TIMING = 1 ] || exit 0
 w=${TIMEIT%,*}; s=${TIMEIT#*,}
 timeout -s KILL 300 python3 benchmarks/compiled_timeit.py --shape "$SHAPE" --warmup-s "$w" \
-  --window-s "$s" --json "$OUT/timeit.json" 2>&1 | tee "$OUT/timeit.txt" | tail -n 24
+  --window-s "$s" ${METHODS[@]+"${METHODS[@]}"} --json "$OUT/timeit.json" 2>&1 | tee "$OUT/timeit.txt" | tail -n 24
