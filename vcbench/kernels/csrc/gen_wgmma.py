@@ -126,7 +126,8 @@ def f16_ss_if(n):
     loop): no weight registers live across the turn; issued only where `on` is non-zero (a guard
     predicate, uniform over the warpgroup), so one straight loop body carries a product that only
     some iterations issue (a branch around the wgmma made ptxas serialize every wgmma of the
-    loop, C7520)."""
+    loop, C7520). The 3-warpgroup variants pass on = 1 in the straight copy of the tile that
+    carries a batch: ptxas folds the guard (the same SASS as an unguarded wrapper)."""
     nacc = n // 2
     outs = accumulators(nacc, "+f")
     return f"""
@@ -147,33 +148,10 @@ __device__ __forceinline__ void wgmma_f16_ss_n{n}_if(float (&d)[NACC], uint64_t 
 """
 
 
-def f16_ss(n):
-    """The mean product with A (the weights) from shared memory, unguarded (the 3-warpgroup
-    variants: issued only in the straight copy of the tile that carries a batch, in PV's group):
-    no weight registers live while PV runs."""
-    nacc = n // 2
-    outs = accumulators(nacc, "+f")
-    return f"""
-// D(f32, 64x{n}) += A(f16, 64x16, shared memory, K-major, no swizzle) * B(f16, 16x{n}, shared
-// memory, K-major, no swizzle). D is the first {nacc} registers of d.
-template <int NACC>
-__device__ __forceinline__ void wgmma_f16_ss_n{n}(float (&d)[NACC], uint64_t desc_a,
-                                                uint64_t desc_b) {{
-  static_assert(NACC >= {nacc}, "accumulator too small");
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs(nacc)}}}, "
-      "%{nacc}, %{nacc + 1}, p, 1, 1, 0, 0;\\n}}\\n"
-      : {outs}
-      : "l"(desc_a), "l"(desc_b));
-}}
-"""
-
-
 def main():
     pv = [e4m3_rs(n) + e4m3_rs_first(n) for n in (128, 136)]  # exp2; ExpCast's ones column
     text = (HEADER + s8_ss_first(128) + s8_ss(128) + "".join(pv) + f16_rs(128) + f16_ss_if(128)
-            + f16_ss(128) + "\n}  // namespace vc\n")
+            + "\n}  // namespace vc\n")
     Path(__file__).with_name("wgmma_sm90.cuh").write_text(text)
 
 

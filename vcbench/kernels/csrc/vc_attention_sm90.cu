@@ -964,7 +964,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         }
         pack_p<EXPCAST>(p, s);
         // MEAN: the batch's product in PV_j's group, into PV_j's block (merged with it), the
-        // weights from shared memory
+        // weights from shared memory (-vs3s's guarded wgmma, always on here: ptxas drops the guard)
         [[maybe_unused]] const uint64_t desc_mu = desc_means(mean_buffer(s_mbuf, (j >> 4) - 1));
         [[maybe_unused]] const uint64_t desc_w =
             desc_means(smem_u32(smem + C::WBUF_OFF) + cw_u * 64 * MEAN_BATCH * 2);
@@ -972,7 +972,7 @@ __global__ void __launch_bounds__(Warpgroups<NC>::THREADS, 1)
         reg_fence(p);
         wgmma_fence();
         issue_pv<true>(pv, p, dv_j);
-        if constexpr (MEAN) wgmma_f16_ss_n128(pv, desc_w, desc_mu);
+        if constexpr (MEAN) wgmma_f16_ss_n128_if(pv, desc_w, desc_mu, 1);
         wgmma_commit();
         wgmma_wait<0>();
         reg_fence(pv);
