@@ -108,12 +108,18 @@ def _fallback_note(reason: str) -> None:
     warnings.warn(f"{KERNEL_ENV}=sm90: {reason}; running the Triton kernel", stacklevel=3)
 
 
-def compiled_for(plan: Plan, head_dim: int = 128) -> bool:
+# The compiled kernel's grid holds one (batch, head) per row of CTAs: CUDA's 65535 limit on a
+# grid's second axis. Past it the Triton kernel (1-D grid) runs the call.
+COMPILED_MAX_HEADS = 65535
+
+
+def compiled_for(plan: Plan, head_dim: int = 128, batch_heads: int = 1) -> bool:
     """Whether `plan` at this head dim runs on the compiled sm_90a kernel: not refused,
     supported, built (tests/test_gpu_compiled.py holds it to the Triton kernel's tolerance
-    rule). A head dim it does not take (64) stays on Triton instead of failing."""
+    rule). A head dim it does not take (64), or more than COMPILED_MAX_HEADS batch x heads,
+    stays on Triton instead of failing."""
     preference = kernel_preference()
-    if preference == "triton":
+    if preference == "triton" or batch_heads > COMPILED_MAX_HEADS:
         return False
     from vcbench.kernels import compiled
 
@@ -187,7 +193,7 @@ def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=N
         out = torch.empty(b, h, n_pad, d, device=dev, dtype=code_dtype)
         scale = torch.empty(b, h, n_pad // rows_per_scale, device=dev, dtype=torch.float32)
         x = _last_dim_contiguous(x)
-        tq._quantize_rows[(n_pad // rows_per_scale, b * h)](
+        tq._quantize_rows[(n_pad // rows_per_scale * b * h,)](
             x, gather if gather is not None else scale, mean if mean is not None else scale,
             out, scale, n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,
             multiplier if multiplier is not None else 1.0, ROWS=rows_per_scale, D=d, FMT=fmt,
@@ -222,21 +228,21 @@ def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=N
     else:
         means = torch.empty(b, h, n_blocks, d, device=dev, dtype=torch.float32)
         block_amax = torch.empty(b, h, n_blocks, d, device=dev, dtype=torch.float32)
-        tq._v_block_stats[(n_blocks, b * h)](
-            v, perm if perm is not None else block_amax, means, block_amax, n,
+        tq._v_block_stats[(n_blocks * b * h,)](
+            v, perm if perm is not None else block_amax, means, block_amax, n, n_blocks,
             v.stride(0), v.stride(1), v.stride(2), h, ROWS=TILE, D=d,
             HAS_PERM=perm is not None, DEMEAN=demean)
         v_scale = scale_for(block_amax.amax(2), E4M3.max)
         if demean:  # as vsmooth.demean_and_quantize: zero-residual channels keep scale 1
             v_scale = torch.where(v_scale > 0, v_scale, torch.ones_like(v_scale))
             stored = torch.empty(b, h, n_blocks, d, device=dev, dtype=torch.float16)
-    tq._quantize_v[(n_blocks, b * h)](
+    tq._quantize_v[(n_blocks * b * h,)](
         v, perm if perm is not None else v_scale, means if means is not None else v_scale,
         v_scale, v_t, stored if stored is not None else v_scale, n, n_pad,
         v.stride(0), v.stride(1), v.stride(2), h, ROWS=TILE, D=d,
         HAS_PERM=perm is not None, DEMEAN=demean, PER_BLOCK=per_block)
     blocked = None
-    if stored is not None and compiled_for(plan, d):
+    if stored is not None and compiled_for(plan, d, b * h):
         from vcbench.kernels.compiled import blocked_means
 
         blocked = blocked_means(stored)
@@ -253,7 +259,8 @@ def kernel_switches(plan: Plan) -> dict:
 
 def run_prepared(ops: GpuOperands, plan: Plan, out: torch.Tensor, **tuning) -> torch.Tensor:
     """Triton switches in `tuning` pick the Triton kernel; `variant=` the compiled one."""
-    if "variant" in tuning or (not tuning and compiled_for(plan, ops.q.shape[-1])):
+    b, h, _, d = ops.q.shape
+    if "variant" in tuning or (not tuning and compiled_for(plan, d, b * h)):
         from vcbench.kernels import compiled
 
         return compiled.run(ops, plan, out, **tuning)

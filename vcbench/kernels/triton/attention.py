@@ -59,7 +59,8 @@ def _kv_tile(acc, m_i, l_i, rbuf, mbuf, q, score_scale, K, VT, KS, VS, VM, bh, j
     """One KV tile of the online softmax; MASK only for the tile that holds padded keys."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    k = tl.load(K + bh * n_k_pad * D + (j * BLOCK_N + offs_n)[:, None] * D + offs_d[None, :])
+    key0 = tl.cast(j, tl.int64) * BLOCK_N  # K and VT are this (batch, head)'s; 64-bit past 2^31
+    k = tl.load(K + key0 * D + offs_n[:, None] * D + offs_d[None, :])
     c = score_scale * tl.load(KS + bh * n_tiles + j)  # per row: S = raw * c
     keep = (j * BLOCK_N + offs_n)[None, :] < n_k
     if QK_INT8:
@@ -100,7 +101,7 @@ def _kv_tile(acc, m_i, l_i, rbuf, mbuf, q, score_scale, K, VT, KS, VS, VM, bh, j
         pf = tl.math.exp2(x)
         r = tl.sum(pf, 1)
         p = pf.to(tl.float8e4nv)
-    vt = tl.load(VT + bh * D * n_k_pad + offs_d[:, None] * n_k_pad + (j * BLOCK_N + offs_n)[None, :])
+    vt = tl.load(VT + key0 + offs_d.to(tl.int64)[:, None] * n_k_pad + offs_n[None, :])
     if V_PER_TILE:
         acc = acc * alpha[:, None] + tl.dot(p, tl.trans(vt)) * tl.load(VS + bh * n_tiles + j)
     elif PV_TWO_LEVEL:  # the tile's product on its own, then added in FP32
@@ -132,17 +133,24 @@ def _kv_tile(acc, m_i, l_i, rbuf, mbuf, q, score_scale, K, VT, KS, VS, VM, bh, j
 
 
 @triton.jit
-def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
+def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H, m_blocks,
                    stride_ob, stride_oh, stride_on, expcast_bias,
                    QK_INT8: tl.constexpr, INT_CVT: tl.constexpr, Q_ROWS: tl.constexpr,
                    EXPCAST: tl.constexpr, ROWSUM: tl.constexpr, LOG2_P_SCALE: tl.constexpr,
                    VSMOOTH: tl.constexpr, V_PER_TILE: tl.constexpr, MEAN_MMA: tl.constexpr,
                    PV_TWO_LEVEL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    D: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    # A 1-D grid, query blocks fastest (the order of the 2-D grid it replaces, so a head's K
+    # and V stay hot in L2); bh and the per-(batch, head) bases are 64-bit: an operand of a
+    # Wan2.2 1080p call holds 3.5e9 elements.
+    pid = tl.program_id(0).to(tl.int64)
+    pid_m = pid % m_blocks
+    bh = pid // m_blocks
     b = bh // H
     h = bh % H
+    Q = Q + bh * n_q_pad * D
+    K = K + bh * n_k_pad * D
+    VT = VT + bh * D * n_k_pad
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     n_tiles = n_k_pad // BLOCK_N
@@ -150,7 +158,7 @@ def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
 
     # A query tile may be taller than the 128-row padding (BLOCK_M = 256): mask those rows.
     q_rows = offs_m < n_q_pad
-    q = tl.load(Q + bh * n_q_pad * D + offs_m[:, None] * D + offs_d[None, :],
+    q = tl.load(Q + offs_m.to(tl.int64)[:, None] * D + offs_d[None, :],
                 mask=q_rows[:, None], other=0.0)
     q_scale = tl.load(QS + bh * (n_q_pad // Q_ROWS) + offs_m // Q_ROWS, mask=q_rows, other=0.0)
 
@@ -176,7 +184,8 @@ def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
     if not V_PER_TILE:
         acc = acc * tl.load(VS + bh * D + offs_d)[None, :]
     out = acc / l_i[:, None]
-    o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
+    o_ptrs = (Out + b * stride_ob + h * stride_oh + offs_m.to(tl.int64)[:, None] * stride_on
+              + offs_d[None, :])
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_m < n_q)[:, None])
 
 
@@ -190,11 +199,11 @@ def launch(ops, out, *, qk_int8: bool, q_rows: int, expcast: bool, p_scale: floa
     pv_two_level: it keeps the emulation's accumulation at long N and costs 13% for vc-8bit
     (195.3 vs 172.5 ms), 3% for vc-8bit-vsmooth."""
     b, h, n_q_pad, d = ops.q.shape
-    grid = (triton.cdiv(ops.n, block_m), b * h)
-    _attention_fwd[grid](
+    m_blocks = triton.cdiv(ops.n, block_m)
+    _attention_fwd[(m_blocks * b * h,)](
         ops.q, ops.q_scale, ops.k, ops.k_scale, ops.v_t, ops.v_scale,
         ops.v_mean if vsmooth else ops.v_scale, out,
-        ops.n, ops.n, n_q_pad, ops.k.shape[2], h,
+        ops.n, ops.n, n_q_pad, ops.k.shape[2], h, m_blocks,
         out.stride(0), out.stride(1), out.stride(2), expcast_bias,
         QK_INT8=qk_int8, INT_CVT=int_cvt, Q_ROWS=q_rows, EXPCAST=expcast, ROWSUM=rowsum,
         LOG2_P_SCALE=math.log2(p_scale),

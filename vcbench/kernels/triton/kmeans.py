@@ -26,14 +26,16 @@ TILES = 8  # 1024 tokens per program: partial sums stay small (Wan: 74 x 40 prog
 
 
 @triton.jit
-def _assign(X, CHi, CLo, CNorm, Labels, Sums, Counts, n, stride_b, stride_h, stride_n, H,
-            K: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr,
-            ACCUMULATE: tl.constexpr):
-    chunk = tl.program_id(0)
-    bh = tl.program_id(1)
-    n_chunks = tl.num_programs(0)
+def _assign(X, CHi, CLo, CNorm, Labels, Sums, Counts, n, n_chunks, stride_b, stride_h,
+            stride_n, H, K: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+            TILES: tl.constexpr, ACCUMULATE: tl.constexpr):
+    # 1-D grid (bh * n_chunks + chunk), 64-bit offsets: V of a 1080p call passes 2^31 elements.
+    pid = tl.program_id(0).to(tl.int64)
+    chunk = pid % n_chunks
+    bh = pid // n_chunks
     b = bh // H
     h = bh % H
+    base = X + b * stride_b + h * stride_h
     ks = tl.arange(0, K)
     cols = tl.arange(0, D)
     c_off = bh * K * D + ks[:, None] * D + cols[None, :]
@@ -45,7 +47,7 @@ def _assign(X, CHi, CLo, CNorm, Labels, Sums, Counts, n, stride_b, stride_h, str
     for t in range(TILES):
         rows = (chunk * TILES + t) * BLOCK + tl.arange(0, BLOCK)
         valid = rows < n
-        x = tl.load(X + b * stride_b + h * stride_h + rows[:, None] * stride_n + cols[None, :],
+        x = tl.load(base + rows.to(tl.int64)[:, None] * stride_n + cols[None, :],
                     mask=valid[:, None], other=0.0)
         dots = tl.dot(x, tl.trans(c_hi)) + tl.dot(x, tl.trans(c_lo))
         label = tl.argmin(c_norm[None, :] - 2.0 * dots, 1)
@@ -79,8 +81,8 @@ def kmeans_gpu(x: torch.Tensor, k: int, iters: int, init: torch.Tensor | None = 
         c_hi = c.to(x.dtype)
         c_lo = (c - c_hi.float()).to(x.dtype)
         last = it == iters  # the last pass only labels
-        _assign[(n_chunks, b * h)](
-            x, c_hi, c_lo, (c * c).sum(-1).contiguous(), labels, sums, counts, n,
+        _assign[(n_chunks * b * h,)](
+            x, c_hi, c_lo, (c * c).sum(-1).contiguous(), labels, sums, counts, n, n_chunks,
             x.stride(0), x.stride(1), x.stride(2), h, K=k, D=d, BLOCK=BLOCK, TILES=TILES,
             ACCUMULATE=not last, num_warps=4)
         if last:

@@ -13,9 +13,16 @@ nearest-even, conversions saturate.
     v_block_stats   V pass 1: gather by pi, FP64 block means, per-block residual amax.
     quantize_v      V pass 2: codes written transposed (D, N) for the FP8 PV product,
                     with the block means stored FP16 and pre-divided by the channel scale.
+
+Every offset that can pass 2^31 elements is 64-bit: the (batch, head) base and the token row
+times its stride (a Wan2.2 1080p operand holds 3.5e9 elements, and an NHD view's token stride
+is H*D). Grids are 1-D (program = bh * blocks + block), so neither the head count nor the
+sequence length meets CUDA's 65535 limit on a grid's second axis.
 """
 
 from __future__ import annotations
+
+import os
 
 import triton
 import triton.language as tl
@@ -24,19 +31,32 @@ FMT_INT8 = 0
 FMT_E4M3 = 1
 
 
+if os.environ.get("TRITON_INTERPRET") == "1":  # numpy never contracts a product into an FMA
+    @triton.jit
+    def _mul_rn(a, b):
+        return a * b
+else:
+    @triton.jit
+    def _mul_rn(a, b):
+        """a * b rounded on its own: `mul.rn` is never contracted into an FMA with a later
+        add, so `x - _mul_rn(m, s)` rounds twice, exactly as the emulation's separate ops do."""
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+
+
 @triton.jit
-def _mul_rn(a, b):
-    """a * b rounded on its own: `mul.rn` is never contracted into an FMA with a later add,
-    so `x - _mul_rn(m, s)` rounds twice, exactly as the emulation's separate ops do."""
-    return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b],
-                                     dtype=tl.float32, is_pure=True, pack=1)
+def _program(blocks):
+    """(block, bh) of this program in a 1-D grid of bh * blocks + block; bh is 64-bit."""
+    pid = tl.program_id(0).to(tl.int64)
+    return pid % blocks, pid // blocks
 
 
 @triton.jit
 def _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
                D: tl.constexpr, HAS_PERM: tl.constexpr):
     """Tokens group*ROWS .. +ROWS of one (batch, head) as FP32, gathered through the
-    permutation when there is one; rows past n (padding) read as zero."""
+    permutation when there is one; rows past n (padding) read as zero. bh is 64-bit, and so
+    is every row offset (row * stride_n passes 2^31 in long NHD views)."""
     b = bh // H
     h = bh % H
     rows = group * ROWS + tl.arange(0, ROWS)
@@ -45,22 +65,22 @@ def _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H, ROWS: tl.
     src = rows
     if HAS_PERM:
         src = tl.load(Perm + bh * n + rows, mask=valid, other=0)
-    x = tl.load(X + b * stride_b + h * stride_h + src[:, None] * stride_n + cols[None, :],
+    base = X + b * stride_b + h * stride_h
+    x = tl.load(base + src.to(tl.int64)[:, None] * stride_n + cols[None, :],
                 mask=valid[:, None], other=0.0).to(tl.float32)
     return x, rows, cols, valid
 
 
 @triton.jit
-def _token_sums(X, Sums, n, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
+def _token_sums(X, Sums, n, chunks, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
                 D: tl.constexpr, TILES: tl.constexpr):
-    chunk = tl.program_id(0)
-    bh = tl.program_id(1)
+    chunk, bh = _program(chunks)
     acc = tl.zeros([D], tl.float64)
     for t in range(TILES):
         x, rows, cols, valid = _load_rows(X, X, chunk * TILES + t, bh, n, stride_b, stride_h,
                                           stride_n, H, ROWS, D, False)
         acc += tl.sum(x.to(tl.float64), 0)
-    tl.store(Sums + (bh * tl.num_programs(0) + chunk) * D + tl.arange(0, D), acc)
+    tl.store(Sums + (bh * chunks + chunk) * D + tl.arange(0, D), acc)
 
 
 def token_mean_gpu(x):
@@ -72,8 +92,8 @@ def token_mean_gpu(x):
     rows, tiles = 64, 16
     chunks = triton.cdiv(n, rows * tiles)
     sums = torch.empty(b * h, chunks, d, device=x.device, dtype=torch.float64)
-    _token_sums[(chunks, b * h)](x, sums, n, x.stride(0), x.stride(1), x.stride(2), h,
-                                 ROWS=rows, D=d, TILES=tiles)
+    _token_sums[(chunks * b * h,)](x, sums, n, chunks, x.stride(0), x.stride(1), x.stride(2),
+                                   h, ROWS=rows, D=d, TILES=tiles)
     return (sums.sum(1) / n).float()
 
 
@@ -81,8 +101,7 @@ def token_mean_gpu(x):
 def _quantize_rows(X, Perm, Mean, Out, Scale, n, n_pad, stride_b, stride_h, stride_n, H,
                    multiplier, ROWS: tl.constexpr, D: tl.constexpr, FMT: tl.constexpr,
                    HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr):
-    group = tl.program_id(0)
-    bh = tl.program_id(1)
+    group, bh = _program(n_pad // ROWS)
     x, rows, cols, valid = _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H,
                                       ROWS, D, HAS_PERM)
     if MULTIPLY:
@@ -98,7 +117,7 @@ def _quantize_rows(X, Perm, Mean, Out, Scale, n, n_pad, stride_b, stride_h, stri
     safe = tl.where(scale > 0, scale, 1.0)
     y = tl.math.div_rn(x, tl.zeros_like(x) + safe)
     y = tl.where(scale > 0, y, 0.0)
-    out_ptrs = Out + bh * n_pad * D + rows[:, None] * D + cols[None, :]
+    out_ptrs = Out + bh * n_pad * D + rows.to(tl.int64)[:, None] * D + cols[None, :]
     if FMT == 0:
         # Clamp, then round half to even by the magic-number add (exact for |y| < 2^22).
         y = tl.minimum(tl.maximum(y, -127.0), 127.0)
@@ -109,12 +128,10 @@ def _quantize_rows(X, Perm, Mean, Out, Scale, n, n_pad, stride_b, stride_h, stri
 
 
 @triton.jit
-def _v_block_stats(X, Perm, Means, BlockAmax, n, stride_b, stride_h, stride_n, H,
+def _v_block_stats(X, Perm, Means, BlockAmax, n, n_blocks, stride_b, stride_h, stride_n, H,
                    ROWS: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
                    DEMEAN: tl.constexpr):
-    block = tl.program_id(0)
-    bh = tl.program_id(1)
-    n_blocks = tl.num_programs(0)
+    block, bh = _program(n_blocks)
     x, rows, cols, valid = _load_rows(X, Perm, block, bh, n, stride_b, stride_h, stride_n, H,
                                       ROWS, D, HAS_PERM)
     if DEMEAN:
@@ -129,9 +146,8 @@ def _v_block_stats(X, Perm, Means, BlockAmax, n, stride_b, stride_h, stride_n, H
 def _quantize_v(X, Perm, Means, Scale, OutT, StoredMeans, n, n_pad, stride_b, stride_h, stride_n,
                 H, ROWS: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
                 DEMEAN: tl.constexpr, PER_BLOCK: tl.constexpr):
-    block = tl.program_id(0)
-    bh = tl.program_id(1)
-    n_blocks = tl.num_programs(0)
+    n_blocks = n_pad // ROWS
+    block, bh = _program(n_blocks)
     x, rows, cols, valid = _load_rows(X, Perm, block, bh, n, stride_b, stride_h, stride_n, H,
                                       ROWS, D, HAS_PERM)
     if PER_BLOCK:  # fp8-fa4: one scale per block of tokens, all channels
@@ -151,4 +167,4 @@ def _quantize_v(X, Perm, Means, Scale, OutT, StoredMeans, n, n_pad, stride_b, st
     y = tl.math.div_rn(x, tl.zeros_like(x) + safe[None, :])
     y = tl.where(scale[None, :] > 0, y, 0.0)
     codes = tl.clamp(y, -448.0, 448.0).to(tl.float8e4nv)
-    tl.store(OutT + bh * D * n_pad + cols[None, :] * n_pad + rows[:, None], codes)
+    tl.store(OutT + bh * D * n_pad + cols.to(tl.int64)[None, :] * n_pad + rows[:, None], codes)

@@ -1,0 +1,140 @@
+"""The Triton kernels' indexing on a CPU: Triton's interpreter runs them on CPU tensors.
+
+What the interpreter can hold: which element every program reads and writes (strides, the
+1-D grids, the (batch, head) bases, masks, padding) and the integer arithmetic. What it cannot:
+its FP8 casts do not round as the GPU's `cvt.rn` does, so outputs are compared layout against
+layout and head against head within one implementation, never against the emulation (the GPU
+tests do that). The checks run in a subprocess because TRITON_INTERPRET must be set before
+Triton compiles anything, and other tests may import it first.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="Triton is not installed")
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this is the driver; the checks below run interpreted")
+def test_triton_kernels_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           __file__], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout
+
+
+if INTERPRETED:
+    import torch
+
+    from vcbench.kernels import get_method
+    from vcbench.kernels.gpu import kernel_switches, prepare_gpu
+    from vcbench.kernels.online import prepare
+    from vcbench.kernels.triton.attention import launch
+    from vcbench.kernels.triton.kmeans import kmeans_gpu
+    from vcbench.kernels.vsmooth import VSmoothConfig, group
+
+    B, H, N, D = 2, 2, 200, 64  # a full KV tile and a padded one
+    TRITON_METHODS = {"fp8-fa4": {}, "fp8-fa4+hadamard": {"hadamard_qk": True},
+                      "sage2-8bit": {}, "vc-8bit": {}, "vc-8bit-vsmooth": {}}
+
+    def _run(name, q, k, v, permutation=None):
+        """HND in (any strides), the Triton path's output (B, H, N, D)."""
+        opts = TRITON_METHODS[name]
+        plan = get_method(name.split("+")[0]).plan(opts)
+        ops = prepare_gpu(q, k, v, plan, permutation=permutation)
+        out = torch.empty(q.shape, dtype=q.dtype)
+        return launch(ops, out, **kernel_switches(plan))
+
+    def _inputs(dtype, seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        return [torch.randn(B, H, N, D, generator=gen).to(dtype) for _ in range(3)]
+
+    def _perm(name, v):
+        return group(v, VSmoothConfig()).permutation if name.startswith("vc-") else None
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+    @pytest.mark.parametrize("name", list(TRITON_METHODS))
+    def test_strided_views_read_the_same_elements(name, dtype):
+        q, k, v = _inputs(dtype)
+        perm = _perm(name, v)
+        ref = _run(name, q, k, v, perm)
+        assert torch.isfinite(ref).all()
+        bnhd = [x.transpose(1, 2).contiguous() for x in (q, k, v)]
+        views = [x.transpose(1, 2) for x in bnhd]  # (B, N, H, D) memory, HND view
+        assert torch.equal(_run(name, *views, perm), ref)
+        fused = torch.stack(bnhd, dim=2).unbind(2)  # fused QKV projection slices
+        assert torch.equal(_run(name, *(x.transpose(1, 2) for x in fused), perm), ref)
+
+    @pytest.mark.parametrize("name", list(TRITON_METHODS))
+    def test_output_strides_are_honoured(name):
+        q, k, v = _inputs(torch.bfloat16)
+        perm = _perm(name, v)
+        ref = _run(name, q, k, v, perm)
+        plan = get_method(name.split("+")[0]).plan(TRITON_METHODS[name])
+        ops = prepare_gpu(q, k, v, plan, permutation=perm)
+        wide = torch.full((B, N, 3, H, D), float("nan"), dtype=torch.bfloat16)
+        out = wide[:, :, 1].transpose(1, 2)  # an NHD slice of a wider buffer
+        launch(ops, out, **kernel_switches(plan))
+        assert torch.equal(out, ref)
+        assert torch.isnan(wide[:, :, 0]).all() and torch.isnan(wide[:, :, 2]).all()
+
+    @pytest.mark.parametrize("name", list(TRITON_METHODS))
+    def test_each_batch_and_head_reads_its_own_slice(name):
+        # Heads and batch entries of different content, each run alone and all together: the
+        # 1-D grid's (batch, head) decode and the bases must pick the same rows.
+        q, k, v = _inputs(torch.bfloat16, seed=1)
+        perm = _perm(name, v)
+        out = _run(name, q, k, v, perm)
+        for b in range(B):
+            for h in range(H):
+                one = [x[b : b + 1, h : h + 1] for x in (q, k, v)]
+                p = None if perm is None else perm[b : b + 1, h : h + 1]
+                assert torch.equal(_run(name, *one, p), out[b : b + 1, h : h + 1])
+
+    @pytest.mark.parametrize("name", ["sage2-8bit", "vc-8bit"])
+    def test_int8_codes_and_scales_equal_the_emulation(name):
+        # INT8 codes come from integer rounding, which the interpreter does exactly as the GPU.
+        q, k, v = _inputs(torch.bfloat16, seed=2)
+        plan = get_method(name).plan()
+        perm = _perm(name, v)
+        g = prepare_gpu(q, k, v, plan, permutation=perm)
+        e = prepare(q, k, v, plan, permutation=perm)
+        assert torch.equal(g.q.float(), e.q.codes.float())
+        assert torch.equal(g.k.float(), e.k.codes.float())
+        assert torch.equal(g.q_scale, e.q.scale.float())
+        assert torch.equal(g.k_scale, e.k.scale.float())
+
+    @pytest.mark.parametrize("name", list(TRITON_METHODS))
+    def test_a_non_finite_value_stays_in_its_batch_and_head(name):
+        q, k, v = _inputs(torch.bfloat16, seed=3)
+        perm = _perm(name, v)
+        clean = _run(name, q, k, v, perm)
+        others = torch.ones(B, H, dtype=torch.bool)
+        others[1, 0] = False
+        for i in range(3):
+            poisoned = [x.clone() for x in (q, k, v)]
+            poisoned[i][1, 0, 37, 5] = float("nan")
+            out = _run(name, *poisoned, perm)
+            assert torch.equal(out[others], clean[others])
+
+    def test_kmeans_reads_strided_values():
+        v = _inputs(torch.bfloat16, seed=4)[2]
+        strided = torch.stack([v.transpose(1, 2).contiguous()] * 3, dim=2).unbind(2)[1]
+        labels, centroids = kmeans_gpu(v, 16, 3)
+        labels_s, centroids_s = kmeans_gpu(strided.transpose(1, 2), 16, 3)
+        assert torch.equal(labels, labels_s) and torch.equal(centroids, centroids_s)
+        # each (batch, head) clusters its own tokens: new content in batch entry 0 leaves
+        # entry 1's labels as they were (the seeding's draws depend on the row, not on data)
+        other = v.clone()
+        other[0] = _inputs(torch.bfloat16, seed=5)[2][0]
+        labels_o, _ = kmeans_gpu(other, 16, 3)
+        assert torch.equal(labels_o[1], labels[1]) and not torch.equal(labels_o[0], labels[0])
