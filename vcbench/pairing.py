@@ -76,7 +76,8 @@ def read_run_clips(run_dir: Path) -> list[RunClip]:
         if not isinstance(row, dict) or not {"method", "prompt_id", "seed"} <= row.keys():
             continue  # items of other kinds (e.g. a model load) are not clips
         status = str(row.get("status", "missing"))
-        location = row.get("frames_dir") or row.get("video")
+        # frames_npy: a clip with NaN/inf frames, which its PNGs cannot hold
+        location = row.get("frames_npy") or row.get("frames_dir") or row.get("video")
         path = run_dir / location if status == "ok" and location else None
         if status == "ok" and path is None:
             status = "ok but neither frames_dir nor video recorded"

@@ -12,14 +12,18 @@ score/report read them. Nothing here knows what a command computes.
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
 import json
 import math
 import os
 import platform
+import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -222,6 +226,63 @@ class RunFolder:
             self.finish("ok")
         else:
             self.finish("interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed")
+
+
+WRITER_LOCK = ".writer.lock"
+
+
+@contextmanager
+def sole_writer(folder: str | os.PathLike, command: str) -> Iterator[None]:
+    """Hold `folder` for this process alone while the block runs; a second writer gets a
+    UserError naming the holder.
+
+    The lock is an flock on FOLDER/.writer.lock, which the kernel releases when its process
+    dies, however it dies: a lock left by a killed run is free, and its file still names the
+    dead holder, so taking it over is said on stderr. The file is emptied on release, never
+    deleted (a process could hold the deleted file's lock while another locks a new one).
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"output path {folder} exists and is not a directory")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / WRITER_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _lock_holder(fd)
+        os.close(fd)
+        raise UserError(f"run folder {folder} is being written by {holder}; wait for it to end "
+                        "or choose another output folder") from None
+    try:
+        stale = _lock_holder(fd, wait=False)
+        if stale:
+            print(f"note: {folder}: taking over the writer lock of {stale}, which is no longer "
+                  "running", file=sys.stderr)
+        me = {"command": command, "pid": os.getpid(), "host": socket.gethostname(),
+              "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+        os.fsync(fd)
+        yield
+    finally:
+        os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _lock_holder(fd: int, wait: bool = True) -> str | None:
+    """Who the lock file names, in words; None when it names no one. A holder that has just
+    taken the lock may not have written itself yet: `wait` gives it a second."""
+    for _ in range(20 if wait else 1):
+        raw = os.pread(fd, 4096, 0)
+        try:
+            h = json.loads(raw)
+            return f"{h['command']} (pid {h['pid']} on {h['host']}, since {h['since']})"
+        except (ValueError, KeyError, TypeError):
+            if wait:
+                time.sleep(0.05)
+    return "another process (it has not said who)" if wait else None
 
 
 def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Sharding under `torchrun`: rank r makes items r, r+W, r+2W, ... of the plan.
 
 Outside torchrun (no WORLD_SIZE) everything is one process and nothing is initialised. The
-process group only serves the final barrier: NCCL when CUDA is present (each rank bound to the
+process group only serves rank 0's word on the run folder's lock and the final barrier: NCCL when CUDA is present (each rank bound to the
 GPU of its LOCAL_RANK before the group exists, so the barrier runs there and not on GPU 0),
 gloo otherwise. benchmarks/torchrun_proof.sh checks both on a 2-GPU machine.
 """
@@ -47,6 +47,15 @@ def device(requested: str | None) -> str | None:
         return requested
     gpu = local_gpu()
     return None if gpu is None else str(gpu)
+
+
+def from_rank0(value):
+    """Rank 0's `value` on every rank (a picklable object); the value itself outside torchrun."""
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def barrier() -> None:

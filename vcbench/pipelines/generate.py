@@ -5,6 +5,8 @@ Run folder (what `vcbench score` reads):
     RUN/manifest.json                          config + one row per clip (`items`)
     RUN/clips/<method>/<prompt_id>/s<seed>/
         frames/000000.png ...                  lossless frames (scored)
+        frames.npy                             only a clip with NaN/inf: its float frames
+                                               (row: nonfinite_frames, frames_npy; scored)
         preview.mp4                            H.264 preview (for people)
         row.json                               this clip's manifest row
 
@@ -17,25 +19,28 @@ recorded sha256.
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from vcbench.errors import UserError
 from vcbench.kernels import get_method
 from vcbench.kernels.vsmooth import GroupingSchedule
 from vcbench.pipelines import distributed
-from vcbench.pipelines.loaded import ClipSettings, LoadedModel
+from vcbench.pipelines.loaded import ClipSettings, LoadedModel, nonfinite_frames, to_uint8
 from vcbench.pipelines.patch import SCHEDULE_OPTIONS, patch
 from vcbench.pipelines.progress import ClipProgress
 from vcbench.pipelines.prompts import Prompt
-from vcbench.pipelines.video_io import frames_sha256, write_frames, write_mp4
-from vcbench.runs import RunFolder, write_json
+from vcbench.pipelines.video_io import frames_sha256, write_frames, write_mp4, write_npy
+from vcbench.runs import RunFolder, sole_writer, write_json
 
 ROW = "row.json"
 
@@ -100,19 +105,35 @@ def plan_items(req: GenerateRequest) -> list[Item]:
 
 
 def run_generate(req: GenerateRequest, show_progress: bool = True) -> Path:
-    from vcbench.pipelines.registry import load_model
-
     for m in req.methods:
         get_method(m)  # unknown names fail before the model loads
     method_options = check_options(req.methods, req.options)
     _schedule(req)
     items = plan_items(req)
     rank, world = distributed.setup()
+    # One writer per run folder: rank 0 holds the lock for its whole job, and no rank writes
+    # before it has it (a second `vcbench generate` on the folder stops here, untouched).
+    with ExitStack() as held:
+        refused = None
+        if rank == 0:
+            try:
+                held.enter_context(sole_writer(req.out, "vcbench generate"))
+            except UserError as e:
+                refused = str(e)
+        refused = distributed.from_rank0(refused)
+        if refused:
+            distributed.teardown()
+            raise UserError(refused)
+        return _generate(req, items, method_options, rank, world, show_progress)
+
+
+def _generate(req, items, method_options, rank, world, show_progress) -> Path:
+    from vcbench.pipelines.registry import load_model
+
     model = load_model(req.model, req.model_path, distributed.device(req.device), req.lora_path)
     settings = resolve_settings(model, req)
     config = _config(req, model, settings, method_options, world)
     run = RunFolder(path=Path(req.out), command="generate", config=config)
-    req.out.mkdir(parents=True, exist_ok=True)
     mine = items[rank::world]
     status = "failed"
     try:
@@ -165,22 +186,37 @@ def _make_clip(root, model, item, settings, req, method_options, active, bar):
     row = _signature(item, settings, req, model, method_options)
     write_json(clip / ROW, {**row, "status": "partial"})
     active.reset()
+    done = [0]  # steps finished, for the error line of a clip that fails part way
+
+    def on_step(i: int) -> None:
+        done[0] = i
+        bar.step(i)
+
     try:
         _sync(model)
         start = time.perf_counter()
-        frames = model.generate(item.prompt.text, item.seed, settings, bar.step)
+        raw = model.generate_float(item.prompt.text, item.seed, settings, on_step)
         _sync(model)
         wall = time.perf_counter() - start
     except (KeyboardInterrupt, UserError):
         raise
-    except Exception as e:  # a failing clip is recorded and the run goes on
-        write_json(clip / ROW, {**row, "status": "error", "error": f"{type(e).__name__}: {e}"})
+    except Exception as e:  # a failing clip is recorded, the run goes on, a rerun retries it
+        write_json(clip / ROW, {**row, "status": "error",
+                                "error": clip_error(e, done[0], settings.steps)})
+        _release_memory(model)
         return
+    frames = to_uint8(raw)
+    rel = clip.relative_to(root).as_posix()
+    broken = nonfinite_frames(raw)
+    extra = {}
+    (clip / "frames.npy").unlink(missing_ok=True)  # an earlier try's, if it had NaN frames
+    if broken:  # the PNGs cannot hold NaN: the float frames go beside them, and score reads those
+        write_npy(clip / "frames.npy", (raw * 255.0).astype(np.float32))
+        extra = {"nonfinite_frames": broken, "frames_npy": f"{rel}/frames.npy"}
     digest = write_frames(frames, clip / "frames")
     write_mp4(frames, clip / "preview.mp4")
-    rel = clip.relative_to(root).as_posix()
     write_json(clip / ROW, {**row, "status": "ok", "wall_s": round(wall, 4),
-                            "frames_dir": f"{rel}/frames", "mp4": f"{rel}/preview.mp4",
+                            "frames_dir": f"{rel}/frames", "mp4": f"{rel}/preview.mp4", **extra,
                             "sha256": digest, "num_frames_written": int(frames.shape[0]),
                             "grouping_actions": {str(k): v for k, v in sorted(active.actions.items())},
                             "attention_calls": sum(active.routed.values())})
@@ -205,7 +241,28 @@ def _finished(root: Path, item: Item, signature: dict[str, Any]) -> bool:
     if row.get("status") != "ok" or any(row.get(k) != v for k, v in _jsonable(signature).items()):
         return False
     frames = root / row["frames_dir"]
+    if row.get("frames_npy") and not (root / row["frames_npy"]).is_file():
+        return False
     return frames.is_dir() and frames_sha256(frames) == row.get("sha256") and (root / row["mp4"]).is_file()
+
+
+def clip_error(e: BaseException, steps_done: int, steps: int) -> str:
+    """One line: what went wrong with a clip, and where."""
+    where = (f"at step {steps_done + 1} of {steps}" if steps_done < steps
+             else "after the last step (decoding)")
+    text = " ".join(str(e).split()) or type(e).__name__
+    if isinstance(e, torch.OutOfMemoryError):
+        return f"out of GPU memory {where}: {text}"
+    if "can't allocate memory" in text:  # torch's CPU allocator raises a plain RuntimeError
+        return f"out of host memory {where}: {text}"
+    return f"{type(e).__name__} {where}: {text}"
+
+
+def _release_memory(model: LoadedModel) -> None:
+    """What a failed clip held goes back before the next one starts."""
+    gc.collect()
+    if model.device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _write_manifest(run: RunFolder, items: list[Item], status: str) -> list[dict[str, Any]]:

@@ -38,13 +38,18 @@ class LoadedModel:
 
     def generate(self, prompt: str, seed: int, settings: ClipSettings,
                  on_step: Callable[[int], None] | None = None) -> np.ndarray:
+        """The clip as uint8 (F, H, W, 3)."""
+        return to_uint8(self.generate_float(prompt, seed, settings, on_step))
+
+    def generate_float(self, prompt: str, seed: int, settings: ClipSettings,
+                       on_step: Callable[[int], None] | None = None) -> np.ndarray:
+        """The clip as the pipeline made it: float (F, H, W, 3) in [0, 1], NaN and inf kept."""
         generator = torch.Generator("cpu").manual_seed(seed)
-        frames = self.call(self, prompt, generator, settings, on_step or (lambda i: None))
-        return to_uint8(frames)
+        return to_frames(self.call(self, prompt, generator, settings, on_step or (lambda i: None)))
 
 
-def to_uint8(frames: Any) -> np.ndarray:
-    """Pipeline output (float in [0, 1], optionally with a batch axis) -> uint8 (F, H, W, 3)."""
+def to_frames(frames: Any) -> np.ndarray:
+    """Pipeline output (float in [0, 1], optionally with a batch axis) -> float (F, H, W, C)."""
     if isinstance(frames, torch.Tensor):
         frames = frames.float().cpu().numpy()
     frames = np.asarray(frames)
@@ -52,7 +57,20 @@ def to_uint8(frames: Any) -> np.ndarray:
         frames = frames[0]
     if frames.shape[-1] not in (1, 3) and frames.shape[1] in (1, 3):  # (F, C, H, W)
         frames = frames.transpose(0, 2, 3, 1)
-    return np.clip(np.round(frames.astype(np.float64) * 255.0), 0, 255).astype(np.uint8)
+    return frames
+
+
+def to_uint8(frames: Any) -> np.ndarray:
+    """Pipeline output -> uint8 (F, H, W, 3). A non-finite pixel becomes 0 here; callers that
+    must not lose it (generate) check `nonfinite_frames` first."""
+    frames = np.nan_to_num(to_frames(frames).astype(np.float64), nan=0.0, posinf=1.0, neginf=0.0)
+    return np.clip(np.round(frames * 255.0), 0, 255).astype(np.uint8)
+
+
+def nonfinite_frames(frames: np.ndarray) -> list[int]:
+    """Indices of the frames (F, ...) that hold a NaN or an infinity."""
+    finite = np.isfinite(frames).reshape(frames.shape[0], -1).all(axis=1)
+    return [int(i) for i in np.flatnonzero(~finite)]
 
 
 def seeded_noise(generator: torch.Generator, shape: tuple[int, ...], device, dtype) -> torch.Tensor:

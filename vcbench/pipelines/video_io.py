@@ -47,6 +47,14 @@ def read_frames(directory: Path) -> np.ndarray:
     return np.stack([np.asarray(Image.open(p).convert("RGB")) for p in sorted(directory.glob("*.png"))])
 
 
+def write_npy(path: Path, array: np.ndarray) -> None:
+    """np.save, atomically (a temp name in the same folder, then renamed)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+    os.replace(tmp, path)
+
+
 def write_mp4(frames: np.ndarray, path: Path, fps: int = 16) -> None:
     """H.264 preview for people (lossy; never scored). Written to a temp name, then renamed."""
     import av
