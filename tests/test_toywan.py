@@ -303,7 +303,7 @@ def test_position_term_starts_at_zero_and_tells_frames_apart():
 
 def test_new_models_draw_their_position_term_and_fine_tunes_start_it_at_zero():
     # Zero-initialised, the term stayed buried under the embedded noise and the direction word
-    # was never learned (docs/perf.md, ToyWan run 5); a fine-tune adds it at zero instead.
+    # was never learned (docs/perf/log.md, ToyWan run 5); a fine-tune adds it at zero instead.
     config = dict(transformer=toywan.transformer_config(layers=1), vae={}, shift=3.0,
                   prediction="x0", positions=True)
     torch.manual_seed(0)

@@ -62,7 +62,7 @@ MOTION_COLOUR_RADIUS = 0.6  # RGB distance at which a pixel stops counting as th
 # The direction word only matters near pure noise (below sigma ~0.97 the noisy clip already
 # shows the trajectory; docs/toywan/cpu-experiments.md), and the shifted-uniform sigma puts ~6%
 # of a batch at sigma >= 0.98. HIGH_NOISE of each batch is redrawn uniformly from this band, so
-# more of the gradient carries the word: on the H200 (docs/perf.md, "ToyWan seeds") 7 of 8
+# more of the gradient carries the word: on the H200 (docs/perf/log.md, "ToyWan seeds") 7 of 8
 # seeds learned it with 0.25, 1 of 4 without.
 HIGH_NOISE_BAND = (0.97, 1.0)
 HIGH_NOISE = 0.25
@@ -332,7 +332,7 @@ def run_check(weights: Path, config: dict, dev: torch.device) -> dict:
           f"{trained['direction']:.2f}), random {random['score']:.2f} "
           f"(required {trained['required']:.2f})", flush=True)
     if trained["score"] < trained["required"]:
-        # 1 of 8 H200 seeds missed the direction word with the defaults (docs/perf.md, "ToyWan
+        # 1 of 8 H200 seeds missed the direction word with the defaults (docs/perf/log.md, "ToyWan
         # seeds"); the weights are written anyway, so say it where it cannot be missed
         print(f"warning: these weights pass the caption check on {trained['score']:.2f} of the "
               f"captions, under the {trained['required']:.2f} required (colour "
