@@ -26,6 +26,7 @@ help:
 	@echo "make table1 fig3 fig4 fig5    kernel analyses (synthetic tensors unless the YAML names captures)"
 	@echo "make table2 MODEL=tiny|wan22|hunyuan15|minimax-h3|longcat GPU=datacenter|workstation [MODEL_PATH=DIR]"
 	@echo "make table3 [MODEL=... MODEL_PATH=DIR]    grouping-schedule ablation"
+	@echo "make table4 [MODEL=... MODEL_PATH=DIR]    FP8 scores: vc-8bit-fp8qk against fp8-fa4 (+ timeit on a GPU)"
 	@echo "make fig6 [MODEL_PATH=DIR]    attention and clip speedup over bf16 (clip projected without MODEL_PATH); needs a GPU"
 	@echo "make kernels the compiled sm_90a attention kernel (needs nvcc; VCBENCH_KERNEL=sm90 uses it)"
 	@echo "make lint    ruff"
@@ -57,10 +58,10 @@ kernels: $(SETUP)
 # 70%); the kernel analyses on small synthetic tensors; one report. generate resumes, so a rerun
 # only redoes what is missing.
 DEMO     := results/demo
-METHODS8 := bf16,fp8-fa4,sage2-8bit,sage3-4bit,attnqat-tf,vc-8bit,vc-8bit-vsmooth,vc-4bit
+METHODS_ALL := bf16,fp8-fa4,sage2-8bit,sage3-4bit,attnqat-tf,vc-8bit,vc-8bit-vsmooth,vc-4bit,vc-8bit-fp8qk
 TINY     := --model tiny-wan --prompts experiments/demo-prompts.txt --seeds 0,1
 demo: $(SETUP)
-	$(VCBENCH) generate $(TINY) --methods $(METHODS8) --out $(DEMO)/generate
+	$(VCBENCH) generate $(TINY) --methods $(METHODS_ALL) --out $(DEMO)/generate
 	$(VCBENCH) score $(DEMO)/generate --metrics psnr,ssim,lpips \
 	    --json $(DEMO)/generate/score.json --csv $(DEMO)/generate/score.csv
 	$(VCBENCH) check-tiny --strict --out $(DEMO)/check
@@ -71,7 +72,7 @@ demo: $(SETUP)
 	    $(DEMO)/token-order $(DEMO)/check --out $(DEMO)/report
 
 # --- the paper's tables and figures (docs/report.md) -------------------------------------------
-.PHONY: table1 fig3 fig4 fig5 table2 table3 fig6
+.PHONY: table1 fig3 fig4 fig5 table2 table3 table4 fig6
 # Kernel-level analyses: captured tensors if the YAML's `tensors:` names them, else synthetic
 # video-like tensors (the tables and figures say which).
 table1 fig3 fig4 fig5: $(SETUP)
@@ -142,17 +143,33 @@ table3: $(SETUP)
 	        --json $(T3)/$$run/score.json || exit $$?; done
 	$(VCBENCH) report $(T3)/bf16 $(T3)/leading $(T3)/uniform $(T3)/every --out $(T3)/report
 
+# Table 4 (paper 4.5): VC-Attention with FP8 scores against the naive FP8 kernel at the same
+# precision: PSNR against bf16 and, on a GPU, the attention-call speedup over BF16 FA4 from one
+# timeit run (Wan2.2 shape). The heading names this card: the paper's Table 4 is a B300's.
+T4 = results/table4-$(MODEL)
+T4_METHODS := vc-8bit-fp8qk,fp8-fa4
+table4: $(SETUP)
+	$(need_model)
+	$(VCBENCH) generate $(GEN) --methods bf16 --out $(T4)/bf16
+	$(VCBENCH) generate $(GEN) --methods $(T4_METHODS) --out $(T4)/generate
+	$(VCBENCH) score $(T4)/bf16 $(T4)/generate --metrics psnr,ssim,lpips --json $(T4)/generate/score.json
+	runs="$(T4)/bf16 $(T4)/generate"; \
+	if $(HAS_GPU); then \
+	    $(VCBENCH) timeit --shape wan22-720p --methods $(T4_METHODS) $(TIMEIT_FLAGS) --out $(T4)/timeit \
+	        || exit $$?; runs="$$runs $(T4)/timeit"; fi; \
+	$(VCBENCH) report $$runs --title "Table 4 (FP8 scores) on {card}" --out $(T4)/report
+
 # Figure 6: attention kernel time on this card (timeit, Wan2.2 720p shape) and the clip wall
 # clock per method: measured with Wan2.2 weights (MODEL_PATH), else projected from Wan2.2-A14B's
 # parts built from their configs with random weights and timed here (project-clip; REPEATS
 # timed transformer calls per kind of step), labelled as projected.
 F6         = results/fig6
-F6_METHODS = bf16,sage2-8bit,fp8-fa4,vc-8bit-vsmooth,vc-8bit
+F6_METHODS = bf16,sage2-8bit,fp8-fa4,vc-8bit-vsmooth,vc-8bit,vc-8bit-fp8qk
 REPEATS   ?= 1
 F6_CLIP    = $(if $(MODEL_PATH),generate,projection)
 fig6: $(SETUP)
 	@$(HAS_GPU) || { echo "error: make fig6 needs a CUDA GPU (it times kernels with CUPTI); this machine has none" >&2; exit 2; }
-	$(VCBENCH) timeit --shape wan22-720p --out $(F6)/timeit
+	$(VCBENCH) timeit --shape wan22-720p --methods $(F6_METHODS) --out $(F6)/timeit
 	$(if $(MODEL_PATH),$(VCBENCH) generate --model wan22-t2v-a14b --model-path $(MODEL_PATH) \
 	    --backend gpu --methods $(F6_METHODS) --out $(F6)/generate,\
 	    $(VCBENCH) project-clip --methods $(F6_METHODS) --repeats $(REPEATS) --out $(F6)/projection)

@@ -12,11 +12,12 @@ from vcbench.kernels.online import prepare
 from vcbench.kernels.vsmooth import VSmoothConfig, group
 
 EIGHT = ["bf16", "fp8-fa4", "sage2-8bit", "sage3-4bit", "attnqat-tf", "vc-8bit",
-         "vc-8bit-vsmooth", "vc-4bit"]
+         "vc-8bit-vsmooth", "vc-4bit", "vc-8bit-fp8qk"]
 # Relative L2 a method must stay within on random inputs (far above what each reaches,
 # far below what an unmasked pad or a misplaced scale produces).
 TOLERANCE = {"bf16": 0.01, "fp8-fa4": 0.08, "sage2-8bit": 0.06, "sage3-4bit": 0.25,
-             "attnqat-tf": 0.25, "vc-8bit": 0.06, "vc-8bit-vsmooth": 0.06, "vc-4bit": 0.25}
+             "attnqat-tf": 0.25, "vc-8bit": 0.06, "vc-8bit-vsmooth": 0.06, "vc-4bit": 0.25,
+             "vc-8bit-fp8qk": 0.08}
 
 
 def test_eight_methods_registered():

@@ -132,7 +132,7 @@ def analyze_token_order(tensors: Path = _TENSORS,
 
 @app.command("timeit")
 def timeit_command(
-        methods: str = typer.Option("bf16,sage2-8bit,fp8-fa4,vc-8bit-vsmooth,vc-8bit", "--methods",
+        methods: str = typer.Option("bf16,sage2-8bit,fp8-fa4,vc-8bit-vsmooth,vc-8bit,vc-8bit-fp8qk", "--methods",
                                     help="Comma-separated; bf16 is always timed as the baseline."),
         shape: str = typer.Option("wan22-720p", "--shape",
                                   help="wan22-720p, longcat-480p or hunyuan15-720p."),
@@ -168,7 +168,7 @@ def timeit_command(
 
 @app.command("project-clip")
 def project_clip_command(
-        methods: str = typer.Option("bf16,sage2-8bit,fp8-fa4,vc-8bit-vsmooth,vc-8bit", "--methods",
+        methods: str = typer.Option("bf16,sage2-8bit,fp8-fa4,vc-8bit-vsmooth,vc-8bit,vc-8bit-fp8qk", "--methods",
                                     help="Comma-separated; bf16 is always timed as the baseline."),
         repeats: int = typer.Option(1, "--repeats", help="Timed transformer calls per kind of "
                                     "step and method (after a one-block warm-up); the median is used."),
@@ -390,12 +390,13 @@ def check_tiny(
 
 @app.command()
 def report(runs: list[Path] = typer.Argument(..., help="Run folders: generate (with score.json), timeit, analyze."),
-           out: Path = typer.Option(Path("results/report"), "--out", help="Folder for report.md, CSVs, PNGs.")) -> None:
+           out: Path = typer.Option(Path("results/report"), "--out", help="Folder for report.md, CSVs, PNGs."),
+           title: str = typer.Option(None, "--title", help="Heading of report.md; {card} becomes the runs' GPU (or CPU).")) -> None:
     """Join run folders into report.md with tables (n, 95% CI), CSVs and PNG figures."""
     from vcbench.display import print_table
     from vcbench.report import build_report
 
-    result = build_report(runs, out)
+    result = build_report(runs, out, title)
     if not result.main.empty:
         print_table(result.main, title=result.main_title)
     console.print(f"{len(result.files) - 1} tables and figures beside it")

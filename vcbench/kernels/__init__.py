@@ -21,7 +21,7 @@ from vcbench.kernels.online import emulate
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (bf16.METHOD, fp8_fa4.METHOD, sage2.METHOD, sage3.METHOD, attnqat.METHOD,
-              vc.VC_8BIT, vc.VC_8BIT_VSMOOTH, vc.VC_4BIT)
+              vc.VC_8BIT, vc.VC_8BIT_VSMOOTH, vc.VC_4BIT, vc.VC_8BIT_FP8QK)
 }
 LAYOUTS = ("HND", "NHD")
 BACKENDS = ("emulate", "gpu", "auto")

@@ -37,6 +37,15 @@ PROJECTION_NOTE = (
     "`make fig6 MODEL_PATH=DIR` measures the clip instead.")
 
 
+def _cards(runs: Runs) -> str:
+    """The GPUs the runs' manifests name (CPU for runs that had none), in order met."""
+    names = []
+    for run in runs.all():
+        device = run.manifest.get("device") or {}
+        names.append(device.get("gpu") or "CPU")
+    return " + ".join(dict.fromkeys(names)) or "?"
+
+
 @dataclass
 class Report:
     out: Path
@@ -45,13 +54,16 @@ class Report:
     files: list[Path] = field(default_factory=list)
 
 
-def build_report(paths: list[Path], out: Path) -> Report:
+def build_report(paths: list[Path], out: Path, title: str | None = None) -> Report:
+    """`title` heads report.md; `{card}` in it becomes the device(s) the runs ran on, so a
+    table reproduced here is never read as the paper's card's."""
     runs = load_runs(paths)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
-    md: list[str] = ["# vcbench report", ""]
+    heading = (title or "vcbench report").replace("{card}", _cards(runs))
+    md: list[str] = [f"# {heading}", ""]
     files: list[Path] = []
 
     def csv(df: pd.DataFrame, name: str) -> None:

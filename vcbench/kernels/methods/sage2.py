@@ -26,9 +26,12 @@ OPTIONS = {
 }
 
 
-def qk_path(opts) -> dict:
+def qk_path(opts, fmt=INT8) -> dict:
+    """Q per warp (or per query tile) and K per KV tile in `fmt`, K smoothed by its token
+    mean, the softmax scale folded into Q. `fmt=E4M3` is VC-Attention's FP8-QK configuration:
+    the same path with only the score format changed."""
     q_gran = PerWarp(16) if opts["q_granularity"] == "warp" else PerBlock(opts["block_m"])
-    return dict(q=Quantizer(INT8, q_gran), k=Quantizer(INT8, PerBlock(opts["block_n"])),
+    return dict(q=Quantizer(fmt, q_gran), k=Quantizer(fmt, PerBlock(opts["block_n"])),
                 smooth_k=True, accum=opts["accum"], block_m=opts["block_m"],
                 block_n=opts["block_n"])
 

@@ -3,6 +3,9 @@
 vc-8bit          SageAttention2's QK path + V-Smooth + ExpCast-FP8 (datacenter config)
 vc-8bit-vsmooth  the same with P from exp2 then cast (scaled by 2^8, as ExpCast is, so the
                  pair is an A/B of the P encoding alone)
+vc-8bit-fp8qk    vc-8bit with Q and K in E4M3 instead of INT8 (paper 4.5, Table 4: the
+                 configuration for cards without an INT8 QK product); only the score format
+                 differs from vc-8bit, so the pair is an A/B of INT8 against FP8 scores
 vc-4bit          SageAttention3 + V-Smooth, block means added unscaled (workstation config)
 
 Per-call options: `permutation` (B, H, N) reuses a cached token order (the grouping schedule
@@ -53,6 +56,11 @@ def build_8bit(opts) -> Plan:
                 vsmooth=vsmooth_config(opts))
 
 
+def build_8bit_fp8qk(opts) -> Plan:
+    return Plan(**sage2.qk_path(opts, fmt=E4M3), v=sage2.V_PER_CHANNEL,
+                p=ExpCast(opts["expcast_beta"]), vsmooth=vsmooth_config(opts))
+
+
 def build_8bit_vsmooth(opts) -> Plan:
     return Plan(**sage2.qk_path(opts), v=sage2.V_PER_CHANNEL, p=ExpThenCast(E4M3, P_SCALE),
                 vsmooth=vsmooth_config(opts))
@@ -70,6 +78,13 @@ VC_8BIT = Method(
     build=build_8bit,
     options={**sage2.OPTIONS, **VSMOOTH_OPTIONS,
              "expcast_beta": Option(DEFAULT_BETA, "ExpCast centering constant", types=(int, float))},
+)
+VC_8BIT_FP8QK = Method(
+    name="vc-8bit-fp8qk",
+    summary="VC-Attention 8-bit with FP8 scores: E4M3 QK (smoothed K) + V-Smooth + ExpCast-FP8",
+    qk_bits=8, pv_bits=8, smoothing="K mean + V-Smooth",
+    build=build_8bit_fp8qk,
+    options=VC_8BIT.options,
 )
 VC_8BIT_VSMOOTH = Method(
     name="vc-8bit-vsmooth",
