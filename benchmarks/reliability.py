@@ -40,7 +40,7 @@ from vcbench.kernels.granularity import Microscale16, PerBlock
 from vcbench.kernels.online import prepare, run
 from vcbench.kernels.vsmooth import group
 
-METHODS = ["bf16", "fp8-fa4", "sage2-8bit", "vc-8bit-vsmooth", "vc-8bit"]
+METHODS = ["bf16", "fp8-fa4", "sage2-8bit", "vc-8bit-vsmooth", "vc-8bit", "vc-8bit-fp8qk"]
 LARGE = [(1, 40, 680400), (2, 40, 300000), (1, 2, 1_100_000)]
 QUICK = [(1, 40, 60000), (2, 4, 20000)]
 

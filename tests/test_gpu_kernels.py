@@ -23,7 +23,7 @@ from vcbench.kernels.online import finish, prepare, run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu.triton_ready(),
                                                   reason="needs a CUDA GPU (sm_90+) and Triton")]
-TRITON_METHODS = ["fp8-fa4", "sage2-8bit", "vc-8bit-vsmooth", "vc-8bit"]
+TRITON_METHODS = ["fp8-fa4", "sage2-8bit", "vc-8bit-vsmooth", "vc-8bit", "vc-8bit-fp8qk"]
 
 
 @pytest.fixture(autouse=True)

@@ -44,7 +44,7 @@ if INTERPRETED:
 
     B, H, N, D = 2, 2, 200, 64  # a full KV tile and a padded one
     TRITON_METHODS = {"fp8-fa4": {}, "fp8-fa4+hadamard": {"hadamard_qk": True},
-                      "sage2-8bit": {}, "vc-8bit": {}, "vc-8bit-vsmooth": {}}
+                      "sage2-8bit": {}, "vc-8bit": {}, "vc-8bit-vsmooth": {}, "vc-8bit-fp8qk": {}}
 
     def _run(name, q, k, v, permutation=None):
         """HND in (any strides), the Triton path's output (B, H, N, D)."""
