@@ -124,6 +124,14 @@ def test_torchrun_shards_items_over_two_gloo_processes(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["world_size"] == 2 and manifest["status"] == "ok"
-    assert sorted(i["item"] for i in manifest["items"]) == [
-        "bf16/fox/s0", "bf16/sea/s0", "fp8-fa4/fox/s0", "fp8-fa4/sea/s0"]
+    planned = ["bf16/fox/s0", "bf16/sea/s0", "fp8-fa4/fox/s0", "fp8-fa4/sea/s0"]
+    assert sorted(i["item"] for i in manifest["items"]) == planned
     assert all(i["status"] == "ok" for i in manifest["items"])
+    # Each process recorded what it made: rank r the items r, r + 2, ... of the plan, the two
+    # sets disjoint, together every item exactly once, nothing skipped in a fresh folder.
+    ranks = {r["rank"]: r for r in manifest["ranks"]}
+    assert sorted(ranks) == [0, 1] and all(r["world_size"] == 2 for r in ranks.values())
+    assert ranks[0]["made"] == planned[0::2] and ranks[1]["made"] == planned[1::2]
+    assert not set(ranks[0]["made"]) & set(ranks[1]["made"])
+    assert sorted(ranks[0]["made"] + ranks[1]["made"]) == planned
+    assert ranks[0]["skipped"] == ranks[1]["skipped"] == []

@@ -2,7 +2,9 @@
 
 Run folder (what `vcbench score` reads):
 
-    RUN/manifest.json                          config + one row per clip (`items`)
+    RUN/manifest.json                          config + one row per clip (`items`) + what
+                                               each process made (`ranks`)
+    RUN/ranks/rank<r>.json                     the clips process r made and skipped
     RUN/clips/<method>/<prompt_id>/s<seed>/
         frames/000000.png ...                  lossless frames (scored)
         preview.mp4                            H.264 preview (for people)
@@ -38,6 +40,7 @@ from vcbench.pipelines.video_io import frames_sha256, write_frames, write_mp4
 from vcbench.runs import RunFolder, write_json
 
 ROW = "row.json"
+RANKS = "ranks"
 
 
 @dataclass
@@ -114,12 +117,13 @@ def run_generate(req: GenerateRequest, show_progress: bool = True) -> Path:
     run = RunFolder(path=Path(req.out), command="generate", config=config)
     req.out.mkdir(parents=True, exist_ok=True)
     mine = items[rank::world]
+    shard = _Shard(run.path, rank, world)
     status = "failed"
     try:
         if rank == 0:
             _write_manifest(run, items, "running")
         with ClipProgress(len(mine), settings.steps, enabled=show_progress and rank == 0) as bar:
-            _run_items(run, model, mine, settings, req, method_options, bar, rank == 0, items)
+            _run_items(run, model, mine, settings, req, method_options, bar, rank == 0, items, shard)
         status = "ok"
     except KeyboardInterrupt:
         status = "interrupted"
@@ -135,11 +139,50 @@ def run_generate(req: GenerateRequest, show_progress: bool = True) -> Path:
     return run.path
 
 
-def _run_items(run, model, items, settings, req, method_options, bar, writes_manifest, all_items):
+@dataclass
+class _Shard:
+    """What one process made and skipped, in RUN/ranks/rank<r>.json (rewritten after every
+    clip): each process writes only its own file, and the manifest lists them all, so a run
+    shows which process made which clip, and that no clip was made twice. A file left by an
+    earlier run with more processes is removed by rank 0."""
+
+    root: Path
+    rank: int
+    world: int
+    made: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.rank == 0:
+            for stale in (self.root / RANKS).glob("rank*.json"):
+                if stale.stem[4:].isdigit() and int(stale.stem[4:]) >= self.world:
+                    stale.unlink(missing_ok=True)
+        self.write()
+
+    def write(self) -> None:
+        write_json(self.root / RANKS / f"rank{self.rank}.json",
+                   {"rank": self.rank, "world_size": self.world, "made": self.made,
+                    "skipped": self.skipped})
+
+
+def _read_shards(root: Path, world: int) -> list[dict[str, Any]]:
+    shards = []
+    for r in range(world):
+        try:
+            shards.append(json.loads((root / RANKS / f"rank{r}.json").read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue  # not written yet
+    return shards
+
+
+def _run_items(run, model, items, settings, req, method_options, bar, writes_manifest, all_items,
+               shard):
     active = None
     for item in items:
         bar.start_clip(item.key)
         if _finished(run.path, item, _signature(item, settings, req, model, method_options)):
+            shard.skipped.append(item.key)
+            shard.write()
             bar.skip_clip()
             continue
         if active is None or active.method != item.method:
@@ -149,6 +192,8 @@ def _run_items(run, model, items, settings, req, method_options, bar, writes_man
                            **method_options[item.method], **_schedule(req))
         try:
             _make_clip(run.path, model, item, settings, req, method_options, active, bar)
+            shard.made.append(item.key)
+            shard.write()
         finally:
             if writes_manifest:
                 _write_manifest(run, all_items, "running")
@@ -218,6 +263,7 @@ def _write_manifest(run: RunFolder, items: list[Item], status: str) -> list[dict
     order = {it.key: i for i, it in enumerate(items)}
     rows.sort(key=lambda r: (order.get(r.get("item"), len(order)), r.get("item", "")))
     run.items = rows
+    run.extra["ranks"] = _read_shards(run.path, run.config["world_size"])
     run.write_manifest(status)
     return rows
 
