@@ -11,10 +11,10 @@ Run folder (what `vcbench score` reads):
         row.json                               this clip's manifest row
 
 Each clip's `row.json` is the source of truth and is written atomically by the process that
-made the clip; `manifest.json` is rebuilt from them. So a killed run loses only the clip in
-flight (its row says `partial`), several torchrun processes never write the same file, and a
-rerun skips every clip whose row matches the request and whose frames still hash to the
-recorded sha256.
+made the clip; `manifest.json` is rebuilt from the rows of the requested clips. So a killed
+run loses only the clip in flight (its row says `partial`), several torchrun processes never
+write the same file, and a rerun skips every clip whose row matches the request and whose
+frames still hash to the recorded sha256.
 """
 
 from __future__ import annotations
@@ -254,14 +254,19 @@ def _finished(root: Path, item: Item, signature: dict[str, Any]) -> bool:
 
 
 def _write_manifest(run: RunFolder, items: list[Item], status: str) -> list[dict[str, Any]]:
+    """The manifest's rows: the clips of this request, in plan order. A clip an earlier request
+    left in the folder (another seed, prompt or method) stays on disk but is not listed: the
+    manifest's items are what its config describes, and what `vcbench score` reads."""
+    order = {it.key: i for i, it in enumerate(items)}
     rows = []
     for path in sorted((run.path / "clips").glob(f"**/{ROW}")):
         try:
-            rows.append(json.loads(path.read_text()))
+            row = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue  # another process is replacing it; the next rebuild picks it up
-    order = {it.key: i for i, it in enumerate(items)}
-    rows.sort(key=lambda r: (order.get(r.get("item"), len(order)), r.get("item", "")))
+        if row.get("item") in order:
+            rows.append(row)
+    rows.sort(key=lambda r: order[r["item"]])
     run.items = rows
     run.extra["ranks"] = _read_shards(run.path, run.config["world_size"])
     run.write_manifest(status)
