@@ -111,11 +111,12 @@ def _qk(seed):
     return q, k
 
 
-def test_vc_8bit_p_bytes_are_expcast_of_the_scores():
+@pytest.mark.parametrize("beta", [-0.35, -0.1])
+def test_vc_8bit_p_bytes_are_expcast_of_the_scores(beta):
     q, k = _qk(0)
-    got, ops = _engine_p_bytes("vc-8bit", q, k)
+    got, ops = _engine_p_bytes("vc-8bit", q, k, expcast_beta=beta)
     s = _scores(ops)
-    want = expcast_code(s - s.amax(-1, keepdim=True))
+    want = expcast_code(s - s.amax(-1, keepdim=True), beta)
     assert torch.equal(got, want)
     # the tile spans the normal range and the underflow tail, so the bytes are not trivial
     assert (want == 120).any() and (want == 0).any() and ((want > 0) & (want < 120)).float().mean() > 0.5
