@@ -15,25 +15,36 @@ from vcbench.kernels.vsmooth import VSmoothConfig, group
 
 EIGHT = ["bf16", "fp8-fa4", "sage2-8bit", "sage3-4bit", "attnqat-tf", "vc-8bit",
          "vc-8bit-vsmooth", "vc-4bit"]
-# Relative L2 each method must stay within on `_padding_inputs` (Gaussian Q/K/V with a per-channel
-# bias on Q and on K, the channel outliers of video DiTs). The methods fall into tiers; each
-# tolerance sits above its own tier's largest measured error and below the smallest error
-# measured for the next-worse tier, over n = 130 and 257:
-#   bf16                                  0.0098-0.0153  -> 0.025 (8-bit smoothed tier from 0.034)
-#   sage2-8bit, vc-8bit, vc-8bit-vsmooth  0.0340-0.0378  -> 0.05  (4-bit smoothed tier from 0.125)
+# Relative L2 each method must stay within on the padding inputs, per kind of input. The
+# methods fall into tiers; each tolerance sits above its own tier's largest error measured on
+# those inputs (n = 130 and 257) and below the smallest measured for the next-worse tier.
+# Plain Gaussian Q/K/V, where an unmasked pad takes a large share of every row's mass:
+#   bf16                                  0.0033-0.0034  -> 0.01  (8-bit tier from 0.036)
+#   sage2-8bit, vc-8bit, vc-8bit-vsmooth  0.0362-0.0409  -> 0.045 (fp8-fa4 from 0.052)
+#   fp8-fa4                               0.0523-0.0551  -> 0.07  (4-bit tier from 0.189)
+#   sage3-4bit, vc-4bit, attnqat-tf       0.1891-0.2018  -> 0.21  (no worse method; unmasked
+#                                         pads give 0.23-2.6, Q-smoothing's score term
+#                                         dropped 0.220-0.234)
+PLAIN_TOLERANCE = {"bf16": 0.01, "fp8-fa4": 0.07, "sage2-8bit": 0.045, "sage3-4bit": 0.21,
+                   "attnqat-tf": 0.21, "vc-8bit": 0.045, "vc-8bit-vsmooth": 0.045, "vc-4bit": 0.21}
+# Gaussian with a per-channel bias on Q and on K (the channel outliers of video DiTs), which
+# smoothing removes and the unsmoothed methods must carry:
+#   bf16                                  0.0098-0.0153  -> 0.025 (8-bit smoothed from 0.034)
+#   sage2-8bit, vc-8bit, vc-8bit-vsmooth  0.0340-0.0378  -> 0.05  (4-bit smoothed from 0.125)
 #   sage3-4bit, vc-4bit                   0.1247-0.1529  -> 0.156 (fp8-fa4 from 0.158)
-#   fp8-fa4 (no smoothing: the biases hit its scores)  0.158-0.187  -> 0.3 (attnqat-tf from 0.559)
-#   attnqat-tf (plain NVFP4, no smoothing)  0.559-0.567  -> 0.62 (no worse method; an unmasked pad
-#                                           or a dropped Q-smoothing term gives 0.9 and more)
+#   fp8-fa4                               0.158-0.187    -> 0.3   (attnqat-tf from 0.559)
+#   attnqat-tf                            0.559-0.567    -> 0.62  (no worse method; Q-smoothing's
+#                                         score term dropped gives 0.87 and more)
 TOLERANCE = {"bf16": 0.025, "fp8-fa4": 0.3, "sage2-8bit": 0.05, "sage3-4bit": 0.156,
              "attnqat-tf": 0.62, "vc-8bit": 0.05, "vc-8bit-vsmooth": 0.05, "vc-4bit": 0.156}
 
 
-def _padding_inputs(n, dtype=torch.float32):
+def _padding_inputs(n, dtype=torch.float32, biased=True):
     g = torch.Generator().manual_seed(1234)
     q, k, v = (torch.randn(1, 2, n, 64, generator=g) for _ in range(3))
-    q = q + 3 * torch.randn(1, 2, 1, 64, generator=g)
-    k = k + 3 * torch.randn(1, 2, 1, 64, generator=g)
+    if biased:
+        q = q + 3 * torch.randn(1, 2, 1, 64, generator=g)
+        k = k + 3 * torch.randn(1, 2, 1, 64, generator=g)
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
@@ -43,13 +54,15 @@ def test_eight_methods_registered():
 
 @pytest.mark.parametrize("method", EIGHT)
 @pytest.mark.parametrize("n", [130, 257])
-def test_padding_never_changes_the_result(method, n):
+@pytest.mark.parametrize("biased", [False, True], ids=["gaussian", "channel-biased"])
+def test_padding_never_changes_the_result(method, n, biased):
     # 130 tokens leave 126 padded keys in the last tile: were they not masked they would
-    # take about half of every row's probability mass.
-    q, k, v = _padding_inputs(n)
+    # take a large share of every row's probability mass.
+    q, k, v = _padding_inputs(n, biased=biased)
     out = vcbench.attention(q, k, v, method)
     assert out.shape == q.shape and out.dtype == q.dtype
-    assert rel_l2(out, reference_attention(q, k, v)) < TOLERANCE[method]
+    tolerance = (TOLERANCE if biased else PLAIN_TOLERANCE)[method]
+    assert rel_l2(out, reference_attention(q, k, v)) < tolerance
 
 
 def test_bf16_padded_and_unpadded_tiles_are_bit_identical_in_float64():
@@ -185,11 +198,11 @@ def test_hadamard_qk_and_vsmooth_off_are_real_options(gen):
     rotated = vcbench.attention(q, k, v, "fp8-fa4", hadamard_qk=True)
     assert not torch.equal(base, rotated)
     ref = reference_attention(q, k, v)
-    assert rel_l2(rotated, ref) < TOLERANCE["fp8-fa4"]
+    assert rel_l2(rotated, ref) < PLAIN_TOLERANCE["fp8-fa4"]
     off = vcbench.attention(q, k, v, "vc-8bit", vsmooth=False)
     with pytest.raises(UserError, match="without V-Smooth"):
         vcbench.attention(q, k, v, "vc-8bit", vsmooth=False, permutation=torch.zeros(1, 1, 256).long())
-    assert rel_l2(off, ref) < TOLERANCE["vc-8bit"]
+    assert rel_l2(off, ref) < PLAIN_TOLERANCE["vc-8bit"]
 
 
 @pytest.mark.parametrize("method", ["vc-8bit", "vc-4bit"])
