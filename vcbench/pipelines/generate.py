@@ -141,10 +141,11 @@ def run_generate(req: GenerateRequest, show_progress: bool = True) -> Path:
 
 @dataclass
 class _Shard:
-    """What one process made and skipped, in RUN/ranks/rank<r>.json (rewritten after every
-    clip): each process writes only its own file, and the manifest lists them all, so a run
-    shows which process made which clip, and that no clip was made twice. A file left by an
-    earlier run with more processes is removed by rank 0."""
+    """What one process made (a clip that failed counts: its row says so) and skipped as
+    already finished, in RUN/ranks/rank<r>.json, rewritten after every clip. Each process
+    writes only its own file and the manifest lists them all, so a run shows which process
+    made which clip, and that none was made twice. A file left by an earlier run with more
+    processes is removed by rank 0."""
 
     root: Path
     rank: int
