@@ -285,31 +285,62 @@ def test_the_row_sum_column_is_read_by_the_quad_leader():
             assert (col == 128) == (lane % 4 == 0)
 
 
+def _body(src, signature):
+    """The text of a device function: from its signature to the closing brace at column 0."""
+    body = src[src.index(signature):]
+    return body[:body.index("\n}\n")]
+
+
 def test_mean_flush_fragments_line_up():
-    """mean_flush feeds mma.m16n8k16 (A: register h + 2hk of lane (g, q) holds slots
-    2q + 8hk + {0, 1} of row g + 8h; B: lane (g, q) holds k = 2q + {0, 1} (+8), n = g) from
-    the (r, m) slots and from ldmatrix.x4.trans over the [16 tiles][128 channels] means, where
-    lane L gives the address of row L % 8 + 8 ((L // 8) % 2), column 16 nb2 + 8 (L // 16),
-    and thread T receives element [2 (T % 4) + j][T // 4] of each 8x8 matrix."""
-    rng = np.random.default_rng(1)
-    r = rng.normal(size=(16, 16))  # a warp's rows x slots
-    mu = rng.normal(size=(16, 128))  # slots x channels
-    for lane in range(32):
-        q, g = lane % 4, lane // 4
+    """mean_flush's two operands, with the index expressions read from the .cu and checked
+    against the PTX ISA's fragment layouts of mma.m16n8k16 (f16, .row.col), lane L = 4g + q:
+      A: register j holds k = 2q + 8 (j // 2) + {0, 1} (low half first) of row g + 8 (j % 2);
+      B: register j holds k = 2q + 8j + {0, 1} of column n = g;
+      C: the accumulator registers of n-block nb are wgmma's columns 8 nb + 2q + {0, 1}.
+    mean_weights_rows builds A from slot t (the tile k) of row half h; mean_mma loads B with
+    ldmatrix.x4.trans over the [16 tiles][D channels] FP16 means: lanes 8i..8i+7 give the row
+    addresses of matrix i, and thread T receives element (row 2 (T % 4) + j, column T // 4) of
+    each matrix, j = 0 in the low half."""
+    src = (compiled.CSRC / compiled.SOURCES[0]).read_text()
+    weights = _body(src, "void mean_weights_rows(")
+    slot = re.search(r"const int t = (.+?);", weights).group(1)
+    reg, hi, lo = re.search(r"a\[(.+?)\] = f16x2\(v\[(\d)\], v\[(\d)\]\)", weights).groups()
+    assert (int(hi), int(lo)) == (1, 0)  # f16x2(hi, lo): element e = 0 in the low half
+    for q in range(4):
+        written = set()
         for hk in range(2):
-            for h in range(2):  # the .cu: t = 2q + 8hk + e, row + 8h, a[2hk + h]
-                reg = [r[g + 8 * h, 2 * q + 8 * hk + e] for e in range(2)]
-                assert reg == [r[g + 8 * h, 2 * q + 8 * hk + e] for e in range(2)]
-        for nb2 in range(8):
-            frag = []
-            for mat in range(4):  # matrix mat: its 8 row addresses come from lanes 8mat..8mat+7
-                row0 = 8 * (mat & 1)
-                col0 = nb2 * 16 + 8 * (mat >> 1)
-                frag.append([mu[row0 + 2 * q + j, col0 + g] for j in range(2)])
-            for nblk, (b0, b1) in ((2 * nb2, (0, 1)), (2 * nb2 + 1, (2, 3))):
-                for j in range(2):  # B[k][n] of n-block nblk, as m16n8k16 wants it
-                    assert frag[b0][j] == mu[2 * q + j, 8 * nblk + g]
-                    assert frag[b1][j] == mu[2 * q + j + 8, 8 * nblk + g]
+            for h in range(2):
+                j = eval(reg, {}, dict(hk=hk, h=h))  # noqa: S307
+                assert h == j % 2  # row g + 8h
+                for e in range(2):
+                    assert eval(slot, {}, dict(q=q, hk=hk, e=e)) == 2 * q + 8 * (j // 2) + e  # noqa: S307
+                written.add(j)
+        assert written == {0, 1, 2, 3}
+
+    mma = _body(src, "void mean_mma(")
+    mi_expr, rr_expr = re.search(r"const int mi = (.+?), rr = (.+?);", mma).groups()
+    addr = re.search(r"const uint32_t addr = mbuf \+ (.+?);", mma).group(1)
+    loaded = re.search(r"ldmatrix_x4_trans\(addr, (\w+), (\w+), (\w+), (\w+)\)", mma).groups()
+    calls = re.findall(r"mma_f16_16816\(acc\[(.+?)\].*?a, (\w+),\s*(\w+)\);", mma, re.S)
+    assert len(calls) == 2
+    d = 128
+    for nb2 in range(8):
+        rows = {}  # lane -> (tile, first channel) of the matrix row it addresses
+        for lane in range(32):
+            env = dict(lane=lane)
+            env.update(mi=eval(mi_expr, {}, env), rr=eval(rr_expr, {}, env))  # noqa: S307
+            off = eval(addr, {}, dict(env, nb2=nb2, D=d))  # noqa: S307
+            rows[lane] = (off // (2 * d), (off % (2 * d)) // 2)
+        for first_acc, bx, by in calls:
+            nb = eval(first_acc, {}, dict(nb2=nb2)) // 4  # noqa: S307  n-block of c0
+            for j_reg, name in enumerate((bx, by)):
+                matrix = loaded.index(name)
+                for lane in range(32):
+                    g, q = lane // 4, lane % 4
+                    for j in range(2):
+                        tile, channel = rows[8 * matrix + 2 * q + j]
+                        assert (tile, channel + g) == (2 * q + 8 * j_reg + j, 8 * nb + g), (nb2, lane)
+        assert sorted(eval(c[0], {}, dict(nb2=nb2)) // 4 for c in calls) == [2 * nb2, 2 * nb2 + 1]  # noqa: S307
 
 
 def test_blocked_means_are_the_k_major_core_matrix_layout_the_vs3_descriptor_names():

@@ -93,6 +93,68 @@ def test_resume_redoes_a_clip_whose_frames_changed(tmp_path):
     assert png.read_bytes() == good
 
 
+def _generate_in_process(*args):
+    from vcbench.cli import main
+
+    try:
+        main(["generate", *map(str, args)])
+    except SystemExit as e:
+        assert e.code in (0, None), e.code
+
+
+def _identity(run: Path) -> dict[str, tuple]:
+    """Per clip: (inode, mtime) of its row and first frame; a redone clip gets new files."""
+    out = {}
+    for row in (run / "clips").glob("*/*/*/row.json"):
+        frame = row.parent / "frames" / "000000.png"
+        out[row.parent.relative_to(run / "clips").as_posix()] = tuple(
+            (f.stat().st_ino, f.stat().st_mtime_ns) for f in (row, frame))
+    return out
+
+
+def test_a_changed_request_redoes_exactly_the_changed_clips(tmp_path):
+    """Reruns into one folder, each changing one part of the request: the clips it changes
+    are made again (and their rows say so), every other clip is skipped untouched, and the
+    manifest lists the clips of the request as it now stands."""
+    prompts = _prompts(tmp_path)
+    out = tmp_path / "run"
+    base = ["--model", "tiny-wan-random", "--methods", "bf16,fp8-fa4", "--prompts", prompts,
+            "--seeds", "0", *SMALL, "--out", out]
+    all4 = ["bf16/fox/s0", "bf16/sea/s0", "fp8-fa4/fox/s0", "fp8-fa4/sea/s0"]
+
+    def rerun(*args, made):
+        before = _identity(out)
+        _generate_in_process(*args)
+        manifest = json.loads((out / "manifest.json").read_text())
+        (rank,) = manifest["ranks"]
+        assert sorted(rank["made"]) == sorted(made)
+        after = _identity(out)
+        for key in before:
+            assert (after[key] == before[key]) == (key not in made), key
+        assert manifest["status"] == "ok"
+        return {r["item"]: r for r in manifest["items"]}
+
+    rows = rerun(*base, made=all4)
+    rows = rerun(*base, made=[])  # the same request: nothing to do
+    rows = rerun(*base, "--option", "fp8-fa4.hadamard_qk=true", made=["fp8-fa4/fox/s0", "fp8-fa4/sea/s0"])
+    assert rows["fp8-fa4/sea/s0"]["options"] == {"hadamard_qk": True}
+    assert rows["bf16/sea/s0"]["options"] == {}
+    opts = ["--option", "fp8-fa4.hadamard_qk=true"]
+    steps3 = [a if a != "2" else "3" for a in base]  # --steps 2 -> 3
+    rows = rerun(*steps3, *opts, made=all4)
+    assert {r["steps"] for r in rows.values()} == {3}
+    (tmp_path / "prompts.jsonl").write_text('{"id": "fox", "prompt": "a fox in snow"}\n'
+                                            '{"id": "sea", "prompt": "waves at night"}\n')
+    rows = rerun(*steps3, *opts, made=["bf16/sea/s0", "fp8-fa4/sea/s0"])
+    assert rows["bf16/sea/s0"]["prompt"] == "waves at night"
+    seeds = [a if a != "0" else "0,1" for a in steps3]
+    rows = rerun(*seeds, *opts, made=[i.replace("s0", "s1") for i in all4])
+    assert sorted(rows) == sorted(all4 + [i.replace("s0", "s1") for i in all4])
+    only1 = [a if a != "0,1" else "1" for a in seeds]
+    rows = rerun(*only1, *opts, made=[])
+    assert sorted(rows) == sorted(i.replace("s0", "s1") for i in all4)  # s0 is not asked for
+
+
 @pytest.mark.parametrize("args, message", [
     (["--methods", "bf16,int3"], "unknown method 'int3'"),
     (["--prompts", "/nonexistent.txt"], "does not exist"),
@@ -124,6 +186,14 @@ def test_torchrun_shards_items_over_two_gloo_processes(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["world_size"] == 2 and manifest["status"] == "ok"
-    assert sorted(i["item"] for i in manifest["items"]) == [
-        "bf16/fox/s0", "bf16/sea/s0", "fp8-fa4/fox/s0", "fp8-fa4/sea/s0"]
+    planned = ["bf16/fox/s0", "bf16/sea/s0", "fp8-fa4/fox/s0", "fp8-fa4/sea/s0"]
+    assert sorted(i["item"] for i in manifest["items"]) == planned
     assert all(i["status"] == "ok" for i in manifest["items"])
+    # Each process recorded what it made: rank r the items r, r + 2, ... of the plan, the two
+    # sets disjoint, together every item exactly once, nothing skipped in a fresh folder.
+    ranks = {r["rank"]: r for r in manifest["ranks"]}
+    assert sorted(ranks) == [0, 1] and all(r["world_size"] == 2 for r in ranks.values())
+    assert ranks[0]["made"] == planned[0::2] and ranks[1]["made"] == planned[1::2]
+    assert not set(ranks[0]["made"]) & set(ranks[1]["made"])
+    assert sorted(ranks[0]["made"] + ranks[1]["made"]) == planned
+    assert ranks[0]["skipped"] == ranks[1]["skipped"] == []

@@ -81,9 +81,43 @@ def test_patch_pins_processors_to_native_and_restores_them(tiny):
         original._attention_backend = None
 
 
-def test_grouping_schedule_fires_on_the_right_steps(tiny):
+def test_grouping_schedule_fires_on_the_right_steps(tiny, monkeypatch):
+    """What the schedule does to each attention call, watched at the two calls the patch makes
+    (the real `attention` and `group`, wrapped to record their arguments and results):
+    a regroup step computes a new order, warm-started from the last grouping's centroids; a
+    reuse step hands the method the very permutation tensor of the preceding regroup step; a
+    plain step's output is the method's with V-Smooth off."""
+    import vcbench.pipelines.patch as patch_module
+
+    calls, groupings, holder = [], [], {}
+
+    def recording_attention(q, k, v, method, **options):
+        out = vcbench.attention(q, k, v, method, **options)
+        s = holder["patch"].state
+        calls.append(dict(step=s.step, key=(holder["route"], s.pass_index), q=q, k=k, v=v,
+                          options=options, out=out))
+        return out
+
+    real_group = patch_module.group
+
+    def recording_group(v, config, grid=None, init=None):
+        g = real_group(v, config, grid=grid, init=init)
+        s = holder["patch"].state
+        groupings.append(dict(step=s.step, key=(holder["route"], s.pass_index), init=init, result=g))
+        return g
+
+    monkeypatch.setattr(patch_module, "attention", recording_attention)
+    monkeypatch.setattr(patch_module, "group", recording_group)
+
     steps = ClipSettings(steps=8, frames=5, height=128, width=128)
-    with vcbench.patch(tiny.pipe, "vc-8bit", schedule_fraction=0.5, schedule_refresh_every=2) as p:
+    # no warm iterations: a warm-started grouping is then the nearest-centroid order of the
+    # centroids it was given, which the test can compute on its own
+    p = vcbench.patch(tiny.pipe, "vc-8bit", schedule_fraction=0.5, schedule_refresh_every=2,
+                      vsmooth_warm_iters=0)
+    holder["patch"] = p
+    # the patch's own observer names the module of each routed call before it is computed
+    p.observe = lambda name, *rest: holder.update(route=name)
+    with p:
         tiny.generate("a fox", 1, steps)
     expected = GroupingSchedule(8, fraction=0.5, refresh_every=2)
     assert p.actions == {s: expected.action(s) for s in range(8)}
@@ -93,6 +127,32 @@ def test_grouping_schedule_fires_on_the_right_steps(tiny):
     # (2 layers of the high-noise expert x cond/uncond).
     assert dict(p.regroups) == {0: 4, 2: 4}
     assert p.state.grid == (2, 8, 8)
+
+    assert sorted({c["step"] for c in calls}) == list(range(8))
+    grouped = {(g["step"], g["key"]): g for g in groupings}
+    assert sorted({step for step, _ in grouped}) == [0, 2]
+    for (step, key), g in grouped.items():
+        assert (g["init"] is None) == (step == 0)
+        if step == 2:  # warm start: the centroids step 0 computed for this layer and pass
+            assert g["init"] is grouped[(0, key)]["result"].centroids
+            v = next(c["v"] for c in calls if c["step"] == 2 and c["key"] == key)
+            labels = torch.cdist(v.double(), g["init"].double()).argmin(-1)
+            assert torch.equal(g["result"].permutation, torch.argsort(labels, dim=-1, stable=True))
+    last = {}
+    for c in calls:
+        perm = c["options"].get("permutation")
+        action = expected.action(c["step"])
+        if action == "regroup":
+            assert perm is grouped[(c["step"], c["key"])]["result"].permutation
+            last[c["key"]] = perm
+        elif action == "reuse":
+            assert perm is last[c["key"]]
+        else:
+            assert perm is None
+            scale = {k: c["options"][k] for k in ("sm_scale",) if k in c["options"]}
+            plain = vcbench.attention(c["q"], c["k"], c["v"], "vc-8bit", vsmooth=False, **scale)
+            assert torch.equal(c["out"], plain)
+            assert not torch.equal(c["out"], vcbench.attention(c["q"], c["k"], c["v"], "vc-8bit", **scale))
 
 
 def test_methods_without_vsmooth_take_no_schedule(tiny):

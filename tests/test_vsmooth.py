@@ -20,7 +20,6 @@ from vcbench.kernels.vsmooth import (
     cube_keys,
     group,
     kmeans,
-    permute_tokens,
 )
 
 _EXACT = Quantizer(EXACT, Unscaled())
@@ -100,13 +99,45 @@ def test_cube_order_keeps_each_block_in_one_cube():
     assert torch.all(cube_id.view(-1, 128).amin(1) == cube_id.view(-1, 128).amax(1))
 
 
-def test_kmeans_order_is_a_permutation_and_warm_start_reuses_centroids(gen):
+def test_kmeans_order_is_a_permutation_sorted_by_cluster(gen):
     v = torch.randn(1, 2, 500, 32, generator=gen)
     g = group(v, VSmoothConfig(clusters=8, iters=3))
     assert torch.equal(g.permutation.sort(-1).values, torch.arange(500).expand(1, 2, 500))
-    warm = group(v, VSmoothConfig(clusters=8, iters=0), init=g.centroids)
-    labels_sorted = permute_tokens(v, warm.permutation)
-    assert labels_sorted.shape == v.shape
+    # Tokens sorted by their nearest final centroid: the labels along the order never decrease.
+    labels = torch.cdist(v.double(), g.centroids.double()).argmin(-1)
+    assert torch.all(torch.gather(labels, -1, g.permutation).diff(dim=-1) >= 0)
+
+
+def _nearest_centroid_order(v, centroids):
+    """Tokens by the index of their nearest centroid (FP64 distances), ties in token order."""
+    labels = torch.cdist(v.double(), centroids.double()).argmin(-1)
+    return torch.argsort(labels, dim=-1, stable=True)
+
+
+def test_warm_start_with_zero_iterations_labels_by_the_given_centroids(gen):
+    v = torch.randn(1, 2, 500, 32, generator=gen)
+    given = 2 * torch.randn(1, 2, 8, 32, generator=gen)
+    warm = group(v, VSmoothConfig(clusters=8, iters=3, warm_iters=0), init=given)
+    assert torch.equal(warm.permutation, _nearest_centroid_order(v, given))
+    assert torch.equal(warm.centroids, given)
+    # ...which is not what a cold start reaches: the given centroids really were used.
+    cold = group(v, VSmoothConfig(clusters=8, iters=0, warm_iters=0))
+    assert not torch.equal(cold.permutation, warm.permutation)
+
+
+def test_warm_start_iterates_from_the_given_centroids(gen):
+    """One warm iteration is one Lloyd step from the given centroids: each centroid moves to
+    the mean of the tokens nearest to it (an empty cluster keeps its centroid)."""
+    v = torch.randn(1, 1, 400, 16, generator=gen)
+    given = 2 * torch.randn(1, 1, 6, 16, generator=gen)
+    labels = torch.cdist(v.double(), given.double()).argmin(-1)[0, 0]
+    step = given.double().clone()
+    for c in range(6):
+        if (labels == c).any():
+            step[0, 0, c] = v.double()[0, 0, labels == c].mean(0)
+    warm = group(v, VSmoothConfig(clusters=6, warm_iters=1), init=given)
+    assert torch.allclose(warm.centroids.double(), step, rtol=0, atol=1e-5)
+    assert torch.equal(warm.permutation, _nearest_centroid_order(v, warm.centroids))
 
 
 @pytest.mark.parametrize("steps, window, regroup", [

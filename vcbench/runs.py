@@ -170,6 +170,8 @@ class RunFolder:
     config: dict[str, Any]
     items: list[dict[str, Any]] = field(default_factory=list)
     started: float = field(default_factory=time.time)
+    # Top-level manifest fields a command adds (generate: what each torchrun rank made).
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def create(cls, path: str | os.PathLike, command: str, config: dict[str, Any]) -> RunFolder:
@@ -210,6 +212,7 @@ class RunFolder:
                 "elapsed_s": round(now - self.started, 3),
             },
             "items": self.items,
+            **self.extra,
         }
 
     def write_manifest(self, status: str) -> None:

@@ -2,7 +2,9 @@
 
 Run folder (what `vcbench score` reads):
 
-    RUN/manifest.json                          config + one row per clip (`items`)
+    RUN/manifest.json                          config + one row per clip (`items`) + what
+                                               each process made (`ranks`)
+    RUN/ranks/rank<r>.json                     the clips process r made and skipped
     RUN/clips/<method>/<prompt_id>/s<seed>/
         frames/000000.png ...                  lossless frames (scored)
         frames.npy                             only a clip with NaN/inf: its float frames
@@ -11,10 +13,10 @@ Run folder (what `vcbench score` reads):
         row.json                               this clip's manifest row
 
 Each clip's `row.json` is the source of truth and is written atomically by the process that
-made the clip; `manifest.json` is rebuilt from them. So a killed run loses only the clip in
-flight (its row says `partial`), several torchrun processes never write the same file, and a
-rerun skips every clip whose row matches the request and whose frames still hash to the
-recorded sha256.
+made the clip; `manifest.json` is rebuilt from the rows of the requested clips. So a killed
+run loses only the clip in flight (its row says `partial`), several torchrun processes never
+write the same file, and a rerun skips every clip whose row matches the request and whose
+frames still hash to the recorded sha256.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from vcbench.pipelines.video_io import frames_sha256, write_frames, write_mp4, w
 from vcbench.runs import RunFolder, sole_writer, write_json
 
 ROW = "row.json"
+RANKS = "ranks"
 
 
 @dataclass
@@ -135,12 +138,13 @@ def _generate(req, items, method_options, rank, world, show_progress) -> Path:
     config = _config(req, model, settings, method_options, world)
     run = RunFolder(path=Path(req.out), command="generate", config=config)
     mine = items[rank::world]
+    shard = _Shard(run.path, rank, world)
     status = "failed"
     try:
         if rank == 0:
             _write_manifest(run, items, "running")
         with ClipProgress(len(mine), settings.steps, enabled=show_progress and rank == 0) as bar:
-            _run_items(run, model, mine, settings, req, method_options, bar, rank == 0, items)
+            _run_items(run, model, mine, settings, req, method_options, bar, rank == 0, items, shard)
         status = "ok"
     except KeyboardInterrupt:
         status = "interrupted"
@@ -156,11 +160,51 @@ def _generate(req, items, method_options, rank, world, show_progress) -> Path:
     return run.path
 
 
-def _run_items(run, model, items, settings, req, method_options, bar, writes_manifest, all_items):
+@dataclass
+class _Shard:
+    """What one process made (a clip that failed counts: its row says so) and skipped as
+    already finished, in RUN/ranks/rank<r>.json, rewritten after every clip. Each process
+    writes only its own file and the manifest lists them all, so a run shows which process
+    made which clip, and that none was made twice. A file left by an earlier run with more
+    processes is removed by rank 0."""
+
+    root: Path
+    rank: int
+    world: int
+    made: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.rank == 0:
+            for stale in (self.root / RANKS).glob("rank*.json"):
+                if stale.stem[4:].isdigit() and int(stale.stem[4:]) >= self.world:
+                    stale.unlink(missing_ok=True)
+        self.write()
+
+    def write(self) -> None:
+        write_json(self.root / RANKS / f"rank{self.rank}.json",
+                   {"rank": self.rank, "world_size": self.world, "made": self.made,
+                    "skipped": self.skipped})
+
+
+def _read_shards(root: Path, world: int) -> list[dict[str, Any]]:
+    shards = []
+    for r in range(world):
+        try:
+            shards.append(json.loads((root / RANKS / f"rank{r}.json").read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue  # not written yet
+    return shards
+
+
+def _run_items(run, model, items, settings, req, method_options, bar, writes_manifest, all_items,
+               shard):
     active = None
     for item in items:
         bar.start_clip(item.key)
         if _finished(run.path, item, _signature(item, settings, req, model, method_options)):
+            shard.skipped.append(item.key)
+            shard.write()
             bar.skip_clip()
             continue
         if active is None or active.method != item.method:
@@ -170,6 +214,8 @@ def _run_items(run, model, items, settings, req, method_options, bar, writes_man
                            **method_options[item.method], **_schedule(req))
         try:
             _make_clip(run.path, model, item, settings, req, method_options, active, bar)
+            shard.made.append(item.key)
+            shard.write()
         finally:
             if writes_manifest:
                 _write_manifest(run, all_items, "running")
@@ -266,15 +312,21 @@ def _release_memory(model: LoadedModel) -> None:
 
 
 def _write_manifest(run: RunFolder, items: list[Item], status: str) -> list[dict[str, Any]]:
+    """The manifest's rows: the clips of this request, in plan order. A clip an earlier request
+    left in the folder (another seed, prompt or method) stays on disk but is not listed: the
+    manifest's items are what its config describes, and what `vcbench score` reads."""
+    order = {it.key: i for i, it in enumerate(items)}
     rows = []
     for path in sorted((run.path / "clips").glob(f"**/{ROW}")):
         try:
-            rows.append(json.loads(path.read_text()))
+            row = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue  # another process is replacing it; the next rebuild picks it up
-    order = {it.key: i for i, it in enumerate(items)}
-    rows.sort(key=lambda r: (order.get(r.get("item"), len(order)), r.get("item", "")))
+        if row.get("item") in order:
+            rows.append(row)
+    rows.sort(key=lambda r: order[r["item"]])
     run.items = rows
+    run.extra["ranks"] = _read_shards(run.path, run.config["world_size"])
     run.write_manifest(status)
     return rows
 
