@@ -71,34 +71,6 @@ def test_build_flags_name_the_hopper_a_target_and_leave_std_to_torch():
     assert "-DVC_SOURCE_HASH_ID=habc" in cuda and '"' not in " ".join(cuda)  # ninja runs sh
 
 
-def test_a_timing_probe_is_its_own_build_and_never_runs_as_the_kernel(monkeypatch, tmp_path):
-    monkeypatch.setenv("VCBENCH_KERNEL_CACHE", str(tmp_path))
-    compiled.source_hash.cache_clear()
-    real = compiled.source_hash()
-    try:
-        monkeypatch.setenv("VCBENCH_KERNEL_PROBE", "no-mean-flush, no-mean-mma")
-        compiled.source_hash.cache_clear()
-        assert compiled.probes() == ("no-mean-flush", "no-mean-mma")
-        assert compiled.source_hash() != real  # never mistaken for the real build
-        cuda = compiled.build_flags()["extra_cuda_cflags"]
-        assert "-DVC_PROBE_NO_MEAN_MMA" in cuda and "-DVC_PROBE_NO_MEAN_FLUSH" in cuda
-        for name, macro in compiled.PROBES.items():  # each macro is one the kernel source reads
-            assert f"#ifdef {macro}" in (compiled.CSRC / compiled.SOURCES[0]).read_text(), name
-        # with a device and a current build, status() still refuses it to every caller
-        monkeypatch.setattr(compiled, "device_reason", lambda: None)
-        compiled.build_dir().mkdir(parents=True)
-        compiled.library_path().write_bytes(b"")
-        compiled.status.cache_clear()
-        reason = compiled.status()
-        assert "VCBENCH_KERNEL_PROBE" in reason and "wrong by design" in reason and "\n" not in reason
-        monkeypatch.setenv("VCBENCH_KERNEL_PROBE", "no-such-probe")
-        with pytest.raises(UserError, match="no-such-probe"):
-            compiled.probes()
-    finally:
-        compiled.source_hash.cache_clear()
-        compiled.status.cache_clear()
-
-
 def test_cli_status_says_why_in_one_line(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("VCBENCH_KERNEL_CACHE", str(tmp_path))
     compiled.status.cache_clear()
@@ -166,15 +138,6 @@ def test_by_default_the_compiled_kernel_runs_only_when_built_and_silently_otherw
     assert not gpu.compiled_for(get_method("vc-8bit").plan(), head_dim=64)  # Triton takes D=64
     monkeypatch.setenv("VCBENCH_KERNEL", "triton")
     assert not gpu.compiled_for(get_method("vc-8bit").plan())
-
-
-def test_default_variants_follow_the_measurements():
-    """simple-3wg for every plan the kernel runs (docs/perf.md, session 19), and it is built."""
-    for name, options in (("sage2-8bit", {}), ("vc-8bit", {}), ("vc-8bit-vsmooth", {}),
-                          ("vc-8bit", {"vsmooth": False}), ("vc-8bit-vsmooth", {"vsmooth": False})):
-        variant = compiled.default_variant(get_method(name).plan(options))
-        assert variant == "simple-3wg"
-        assert variant in compiled.VARIANTS and variant in compiled.BLOCKED_MEANS_VARIANTS
 
 
 def test_sm90_without_a_build_falls_back_with_one_line(monkeypatch):
@@ -285,35 +248,8 @@ def test_the_row_sum_column_is_read_by_the_quad_leader():
             assert (col == 128) == (lane % 4 == 0)
 
 
-def test_mean_flush_fragments_line_up():
-    """mean_flush feeds mma.m16n8k16 (A: register h + 2hk of lane (g, q) holds slots
-    2q + 8hk + {0, 1} of row g + 8h; B: lane (g, q) holds k = 2q + {0, 1} (+8), n = g) from
-    the (r, m) slots and from ldmatrix.x4.trans over the [16 tiles][128 channels] means, where
-    lane L gives the address of row L % 8 + 8 ((L // 8) % 2), column 16 nb2 + 8 (L // 16),
-    and thread T receives element [2 (T % 4) + j][T // 4] of each 8x8 matrix."""
-    rng = np.random.default_rng(1)
-    r = rng.normal(size=(16, 16))  # a warp's rows x slots
-    mu = rng.normal(size=(16, 128))  # slots x channels
-    for lane in range(32):
-        q, g = lane % 4, lane // 4
-        for hk in range(2):
-            for h in range(2):  # the .cu: t = 2q + 8hk + e, row + 8h, a[2hk + h]
-                reg = [r[g + 8 * h, 2 * q + 8 * hk + e] for e in range(2)]
-                assert reg == [r[g + 8 * h, 2 * q + 8 * hk + e] for e in range(2)]
-        for nb2 in range(8):
-            frag = []
-            for mat in range(4):  # matrix mat: its 8 row addresses come from lanes 8mat..8mat+7
-                row0 = 8 * (mat & 1)
-                col0 = nb2 * 16 + 8 * (mat >> 1)
-                frag.append([mu[row0 + 2 * q + j, col0 + g] for j in range(2)])
-            for nblk, (b0, b1) in ((2 * nb2, (0, 1)), (2 * nb2 + 1, (2, 3))):
-                for j in range(2):  # B[k][n] of n-block nblk, as m16n8k16 wants it
-                    assert frag[b0][j] == mu[2 * q + j, 8 * nblk + g]
-                    assert frag[b1][j] == mu[2 * q + j + 8, 8 * nblk + g]
-
-
-def test_blocked_means_are_the_k_major_core_matrix_layout_the_vs3_descriptor_names():
-    """pingpong-2lvl-vs3s's wgmma reads a batch's means (16 tiles x 128 channels, fp16) through a
+def test_blocked_means_are_the_k_major_core_matrix_layout_the_mean_descriptor_names():
+    """The mean product's wgmma reads a batch's means (16 tiles x 128 channels, fp16) through a
     no-swizzle K-major descriptor: 8 rows x 16 bytes core matrices, LBO bytes apart along k
     (the tile) and SBO bytes apart along n (the channel). Element (k, n) is then at byte
     (n // 8) SBO + (k // 8) LBO + (n % 8) 16 + (k % 8) 2: walk that byte address for every
@@ -337,22 +273,11 @@ def test_blocked_means_are_the_k_major_core_matrix_layout_the_vs3_descriptor_nam
                 want = v_mean[b, h, tile, n] if tile < tiles else 0.0
                 assert flat[b, h, batch, byte // 2] == want, (k, n)
     header = (compiled.CSRC / compiled.HEADERS[0]).read_text()
-    rule = re.search(r"reads_blocked_means\(int variant\) \{ return (.*?); \}", header).group(1)
-    blocked = {v for v in compiled.VARIANTS.values()
-               if eval(rule.replace("||", "or"), {"variant": v})}
-    assert blocked == {compiled.VARIANTS[n] for n in compiled.BLOCKED_MEANS_VARIANTS}
     assert compiled.MEAN_BATCH == int(re.search(r"MEAN_BATCH = (\d+)", header).group(1))
 
 
-def test_python_variants_are_the_kernel_s_variant_names_in_order():
-    src = (compiled.CSRC / compiled.SOURCES[0]).read_text()
-    names = src[src.index("VARIANT_NAMES[N_VARIANTS] = {"):]
-    names = re.findall(r'"([a-z0-9-]+)"', names[:names.index("};")])
-    assert names == list(compiled.VARIANTS) and list(compiled.VARIANTS.values()) == list(range(len(names)))
-
-
-def test_vs3s_weight_stores_land_where_the_mean_descriptor_reads_a():
-    """pingpong-2lvl-vs3s: each thread stores its four f16x2 words of mean_weights4's fragment
+def test_mean_weight_stores_land_where_the_mean_descriptor_reads_a():
+    """Each thread stores its four f16x2 words of mean_weights_rows' fragment
     (word 2hk + h: row 16 warp + g + 8h, tiles 8hk + 2q and + 1, the lower tile in the low half)
     at the byte offset store_weights computes; the wgmma reads A through desc_means (K-major, no
     swizzle), element (row m, tile k) at (m // 8) SBO + (k // 8) LBO + (m % 8) 16 + (k % 8) 2.
