@@ -1,8 +1,8 @@
 """The compiled sm_90a kernel on a CPU machine: build bookkeeping, the fallback message, and
 the index algebra its CUDA code relies on (the kernel itself runs in test_gpu_compiled.py).
 
-The layout tests mirror, in Python, the index maps written in csrc/vc_attention_sm90.cu: if
-one side changes, the other must, and these tests say whether they still fit together.
+The layout tests mirror, in Python, the index maps written in csrc/sm90/: if one side changes,
+the other must, and these tests say whether they still fit together.
 """
 
 import math
@@ -44,6 +44,7 @@ def test_a_build_of_other_sources_is_called_stale(monkeypatch, tmp_path):
 
 def test_the_source_hash_covers_every_source(monkeypatch, tmp_path):
     for name in compiled.SOURCES + compiled.HEADERS:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes((compiled.CSRC / name).read_bytes())
     monkeypatch.setattr(compiled, "CSRC", tmp_path)
     compiled.source_hash.cache_clear()
@@ -198,7 +199,7 @@ def a_fragment(r, byte, w, lane):
     return 16 * w + lane // 4 + 8 * (r % 2), 4 * (lane % 4) + byte + 16 * (r // 2)
 
 
-def key_of(c, q, b):  # the .cu's key_of
+def key_of(c, q, b):  # softmax.cuh's key_of
     return 16 * (c & 7) + 4 * q + 2 * (c >> 3) + b
 
 
@@ -256,7 +257,7 @@ def test_blocked_means_are_the_k_major_core_matrix_layout_the_mean_descriptor_na
     element and find it where blocked_means put it; padding tiles are zero."""
     import torch
 
-    src = (compiled.CSRC / compiled.SOURCES[0]).read_text()
+    src = (compiled.CSRC / "sm90" / "mma.cuh").read_text()
     desc = src[src.index("uint64_t desc_means("):]
     desc = desc[:desc.index("}")]
     lbo, sbo = (int(x) for x in re.findall(r"static_cast<uint64_t>\((\d+) >> 4\)", desc))
@@ -272,7 +273,7 @@ def test_blocked_means_are_the_k_major_core_matrix_layout_the_mean_descriptor_na
                 tile = 16 * batch + k
                 want = v_mean[b, h, tile, n] if tile < tiles else 0.0
                 assert flat[b, h, batch, byte // 2] == want, (k, n)
-    header = (compiled.CSRC / compiled.HEADERS[0]).read_text()
+    header = (compiled.CSRC / "sm90" / "forward.cuh").read_text()
     assert compiled.MEAN_BATCH == int(re.search(r"MEAN_BATCH = (\d+)", header).group(1))
 
 
@@ -281,12 +282,13 @@ def test_mean_weight_stores_land_where_the_mean_descriptor_reads_a():
     (word 2hk + h: row 16 warp + g + 8h, tiles 8hk + 2q and + 1, the lower tile in the low half)
     at the byte offset store_weights computes; the wgmma reads A through desc_means (K-major, no
     swizzle), element (row m, tile k) at (m // 8) SBO + (k // 8) LBO + (m % 8) 16 + (k % 8) 2.
-    The offset expression is read from the .cu; every element of the 64 x 16 tile is written
+    The offset expression is read from vsmooth.cuh; every element of the 64 x 16 tile is written
     exactly once, where the descriptor looks for it."""
-    src = (compiled.CSRC / compiled.SOURCES[0]).read_text()
+    src = (compiled.CSRC / "sm90" / "vsmooth.cuh").read_text()
     body = src[src.index("void store_weights("):]
     body = body[:body.index("\n}")]
     offset = re.search(r"wtile \+ (.+?)\) =", body.replace("\n", " ")).group(1)
+    src = (compiled.CSRC / "sm90" / "mma.cuh").read_text()
     desc = src[src.index("uint64_t desc_means("):]
     desc = desc[:desc.index("}")]
     lbo, sbo = (int(x) for x in re.findall(r"static_cast<uint64_t>\((\d+) >> 4\)", desc))

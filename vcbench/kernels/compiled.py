@@ -12,7 +12,8 @@ the Triton kernel reads) for plans with INT8 Q/K (Q per 16 or 128 rows, K per 12
 per-channel E4M3 V, P by ExpCast-FP8 or exp2-then-E4M3, optional V-Smooth, head dim 128:
 `vc-8bit`, `vc-8bit-vsmooth`, and `sage2-8bit`'s kernel. One schedule for every plan: three
 consumer warpgroups that each run QK, softmax and PV in order, a producer warpgroup feeding
-them by TMA (csrc/vc_attention_sm90.cu); four instances, ExpCast or exp2 times V-Smooth or not.
+them by TMA (csrc/sm90/, one file per phase; mainloop.cuh is the kernel); four instances,
+ExpCast or exp2 times V-Smooth or not.
 """
 
 from __future__ import annotations
@@ -29,9 +30,13 @@ from functools import lru_cache
 from pathlib import Path
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("vc_attention_sm90.cu", "binding.cpp")
-HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
-MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
+# What nvcc compiles (the kernel and its host side; the torch binding) and every header they
+# include, relative to CSRC: the build's inputs, all of them in the source hash.
+SOURCES = ("sm90/launch.cu", "binding.cpp")
+HEADERS = ("sm90/forward.cuh", "sm90/traits.cuh", "sm90/pipeline.cuh", "sm90/mma.cuh",
+           "sm90/wgmma.cuh", "sm90/softmax.cuh", "sm90/vsmooth.cuh", "sm90/epilogue.cuh",
+           "sm90/mainloop.cuh")
+MEAN_BATCH = 16  # tiles per V-Smooth mean product (forward.cuh's MEAN_BATCH)
 IMPLEMENTATION = "vcbench-sm90"
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"
 

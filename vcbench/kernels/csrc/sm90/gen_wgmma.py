@@ -1,8 +1,8 @@
-"""Writes wgmma_sm90.cuh: the inline-PTX wrappers for the wgmma shapes the kernel issues.
+"""Writes wgmma.cuh: the inline-PTX wrappers for the wgmma shapes the kernel issues.
 
 Each wgmma names every accumulator register as an operand (64 or 68 of them), which is
 tedious and error-prone to type, so this script spells them out. Run it after changing a
-shape: `python vcbench/kernels/csrc/gen_wgmma.py` (the output is committed).
+shape: `python vcbench/kernels/csrc/sm90/gen_wgmma.py` (the output is committed).
 """
 
 from pathlib import Path
@@ -143,11 +143,15 @@ __device__ __forceinline__ void wgmma_f16_ss_n{n}(float (&d)[NACC], uint64_t des
 """
 
 
-def main():
+def text() -> str:
+    """wgmma.cuh as it must read."""
     pv = [e4m3_rs(n) + e4m3_rs_first(n) for n in (128, 136)]  # exp2; ExpCast's ones column
-    text = (HEADER + s8_ss_first(128) + s8_ss(128) + "".join(pv) + f16_rs(128) + f16_ss(128)
+    return (HEADER + s8_ss_first(128) + s8_ss(128) + "".join(pv) + f16_rs(128) + f16_ss(128)
             + "\n}  // namespace vc\n")
-    Path(__file__).with_name("wgmma_sm90.cuh").write_text(text)
+
+
+def main():
+    Path(__file__).with_name("wgmma.cuh").write_text(text())
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 // The compiled VC-Attention forward kernel for Hopper (sm_90a): the host-side interface, plain
 // C++ (binding.cpp includes it too; .cuh so the package data carries it). No torch here:
-// binding.cpp checks tensors and fills ForwardArgs; vc_attention_sm90.cu builds the TMA
-// descriptors and launches.
+// binding.cpp checks tensors and fills ForwardArgs; launch.cu builds the TMA descriptors and
+// launches.
 #pragma once
 #include <stdint.h>
 
