@@ -42,6 +42,22 @@ def test_a_build_of_other_sources_is_called_stale(monkeypatch, tmp_path):
     assert compiled.missing_reason() is None
 
 
+def test_the_sources_and_headers_are_every_file_a_build_reads():
+    on_disk = {p.relative_to(compiled.CSRC).as_posix() for p in compiled.CSRC.rglob("*")
+               if p.suffix in (".cu", ".cuh", ".cpp", ".h", ".hpp")}
+    assert on_disk == set(compiled.SOURCES + compiled.HEADERS)
+    assert len(compiled.SOURCES + compiled.HEADERS) == len(on_disk)  # no name twice
+
+
+def test_the_wgmma_header_is_its_generator_s_output():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_wgmma", compiled.CSRC / "sm90" / "gen_wgmma.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (compiled.CSRC / "sm90" / "wgmma.cuh").read_text() == gen.text()
+
+
 def test_the_source_hash_covers_every_source(monkeypatch, tmp_path):
     for name in compiled.SOURCES + compiled.HEADERS:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
