@@ -6,15 +6,11 @@ each output's relative L2 against an FP64 reference on a sample of query rows (2
 two heads, all keys), and each compiled output against the Triton kernel's.
 
 Usage: PYTHONPATH=. python3 benchmarks/compiled_timeit.py [--shape wan22-720p]
-       [--warmup-s 2] [--window-s 2] [--json OUT.json] [--methods A,B] [--variants X,Y]
-       [--skip-triton]
-With VCBENCH_KERNEL_PROBE set (compiled.PROBES) it times that probe build: outputs wrong by
-design, so the accuracy notes are left out (benchmarks/vsmooth_probe.sh).
+       [--warmup-s 2] [--window-s 2] [--json OUT.json] [--methods A,B] [--skip-triton]
 """
 
 import argparse
 import json
-import os
 
 import torch
 
@@ -25,22 +21,11 @@ from vcbench.timing.cupti import time_kernels
 from vcbench.timing.timeit import PRESETS, attention_flops, make_inputs
 
 SAGE2_OFFICIAL_MS = 128.5  # ../shared/anchors/h200-attention.md, Wan2.2 shape, kernel only
-# which compiled variants to time per method (all of them for the product's method)
-# (-late runs -vs3s's code on the exp2 path: not timed there)
-LATE = "pingpong-2lvl-vs3s-late"
-WG3 = "simple-3wg"
-METHODS = {"sage2-8bit": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", WG3),
-           "vc-8bit-vsmooth": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", "pingpong-2lvl-vs3s",
-                               WG3),
-           "vc-8bit": ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", "pingpong-2lvl-vs3s", LATE,
-                       WG3)}
-# Rows that are a method with options: V-Smooth's cost measured inside one plan (the same
-# P path and scales, the mean term off; without it -vs3s runs -vs's code), not against
-# sage2-8bit's different plan.
-METHODS["vc-8bit-vsmooth/no-vsmooth"] = ("simple", "pingpong-2lvl", "pingpong-2lvl-vs", WG3)
-METHODS["vc-8bit/no-vsmooth"] = ("simple", "pingpong-2lvl-vs", LATE, WG3)
+# The rows timed: methods, and methods with options, which measure V-Smooth's cost inside one
+# plan (the same P path and scales, the mean term off), not against sage2-8bit's different plan.
 OPTIONS = {"vc-8bit-vsmooth/no-vsmooth": ("vc-8bit-vsmooth", {"vsmooth": False}),
            "vc-8bit/no-vsmooth": ("vc-8bit", {"vsmooth": False})}
+METHODS = ("sage2-8bit", "vc-8bit-vsmooth", "vc-8bit", *OPTIONS)
 SAMPLE_HEADS, SAMPLE_ROWS = (0, 1), 256
 
 
@@ -55,14 +40,12 @@ def main():
     ap.add_argument("--window-s", type=float, default=2.0)
     ap.add_argument("--json")
     ap.add_argument("--methods", help="comma list of METHODS rows (default: all)")
-    ap.add_argument("--variants", help="comma list of compiled variants (default: each row's)")
     ap.add_argument("--skip-triton", action="store_true", help="time only the compiled kernel")
     args = ap.parse_args()
     names = args.methods.split(",") if args.methods else list(METHODS)
     unknown = [n for n in names if n not in METHODS]
     if unknown:
         raise SystemExit(f"error: unknown --methods {unknown}; known: {', '.join(METHODS)}")
-    probe = ",".join(compiled.probes())
     x = make_inputs(args.shape, None)
     flops = attention_flops(x.q)
     heads = [h for h in SAMPLE_HEADS if h < x.q.shape[1]]
@@ -78,7 +61,7 @@ def main():
     def vs_fp64(o):
         return f"vs FP64 {((sample(o) - ref).norm() / ref.norm()).item():.1e}"
 
-    ready = compiled.load(probe_ok=bool(probe)) is not None
+    ready = compiled.load() is not None
     table = []
 
     def timed(method, impl, fn, note=""):
@@ -107,21 +90,12 @@ def main():
                   vs_fp64(out_t))
         if not ready:
             return
-        allowed = os.environ.get("VCBENCH_COMPILED_VARIANTS", ",".join(compiled.VARIANTS)).split(",")
-        if args.variants:
-            allowed = [v for v in allowed if v in args.variants.split(",")]
-        for variant in [v for v in METHODS[name] if v in allowed]:
-            out_c = torch.full_like(x.q, float("nan"))
-            compiled.run(ops, plan, out_c, variant=variant, probe_ok=bool(probe))
-            if probe:
-                note = f"probe {probe}: output wrong by design"
-            else:
-                finite = bool(torch.isfinite(out_c).all())
-                note = (vs_fp64(out_c) + (f", vs Triton {rel(out_c, out_t):.1e}" if out_t is not None else "")
-                        + ("" if finite else ", NOT FINITE"))
-            timed(name, f"{compiled.IMPLEMENTATION} {variant}",
-                  lambda v=variant, o=out_c: compiled.run(ops, plan, o, variant=v, probe_ok=bool(probe)),
-                  note)
+        out_c = torch.full_like(x.q, float("nan"))
+        compiled.run(ops, plan, out_c)
+        finite = bool(torch.isfinite(out_c).all())
+        note = (vs_fp64(out_c) + (f", vs Triton {rel(out_c, out_t):.1e}" if out_t is not None else "")
+                + ("" if finite else ", NOT FINITE"))
+        timed(name, compiled.IMPLEMENTATION, lambda: compiled.run(ops, plan, out_c), note)
 
     for name in names:
         time_method(name)
@@ -131,8 +105,7 @@ def main():
     b, h, n, d = PRESETS[args.shape]
     print(f"\n{args.shape} B{b} H{h} N{n} D{d}, {torch.cuda.get_device_name()}, CUPTI medians "
           f"(warm-up {args.warmup_s:g} s, window {args.window_s:g} s)"
-          + ("" if ready else f"; compiled kernel not run: {compiled.status()}")
-          + (f"; PROBE BUILD {probe}" if probe else ""))
+          + ("" if ready else f"; compiled kernel not run: {compiled.status()}"))
     print(f"{'method':16s} {'implementation':26s} {'ms':>8s} {'TFLOPS':>7s} {'vs bf16':>7s} "
           f"{'vs sage2 128.5':>14s}  note")
     for r in table:
@@ -142,8 +115,8 @@ def main():
               f"{r['speedup_vs_bf16']:7.3f} {r['speedup_vs_sage2_official']:14.3f}  {r['note']}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(shape=args.shape, device=torch.cuda.get_device_name(), probe=probe,
-                           rows=table), f, indent=1)
+            json.dump(dict(shape=args.shape, device=torch.cuda.get_device_name(), rows=table), f,
+                      indent=1)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# Device script (issue 7): A/B/C... of whole kernel sources in one call. Each given .cu replaces
-# vcbench/kernels/csrc/vc_attention_sm90.cu in its own copy of the tree and is built into its
-# own kernel cache (in parallel); every variant after the first is checked by
-# tests/test_gpu_compiled.py; then benchmarks/compiled_timeit.py (simple-3wg, --skip-triton)
-# runs each copy in turn, twice (A B C A B C), each process with its own BF16 row, so drift
-# across the call shows. Prints a table of ms and each variant's mean over A's.
-# Usage (repo root; FA4 optional): bash benchmarks/kernel_ab.sh A.cu B.cu [C.cu ...]
+# Device script: A/B/C... of whole kernel sources in one call. Each given folder replaces
+# vcbench/kernels/csrc (the kernel is several files) in its own copy of the tree and is built
+# into its own kernel cache (in parallel); every source after the first is checked by
+# tests/test_gpu_compiled.py; then benchmarks/compiled_timeit.py (--skip-triton) runs each
+# copy in turn, twice (A B C A B C), each process with its own BF16 row, so drift across the
+# call shows. Prints a table of ms and each source's mean over A's.
+# Usage (repo root; FA4 optional): bash benchmarks/kernel_ab.sh A_CSRC B_CSRC [C_CSRC ...]
 #   METHODS=vc-8bit,vc-8bit/no-vsmooth (default) WINDOW=2 TESTS=1
-# Session 20 (docs/perf.md) took its rounds this way (A = HEAD's kernel via `git show`).
+# (A = HEAD's sources, for instance: git archive HEAD vcbench/kernels/csrc | tar x -C a, then
+# a/vcbench/kernels/csrc.)
 set -u
-[ $# -ge 2 ] || { echo "usage: kernel_ab.sh A.cu B.cu [C.cu ...]" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: kernel_ab.sh A_CSRC B_CSRC [C_CSRC ...]" >&2; exit 2; }
 METHODS=${METHODS:-vc-8bit,vc-8bit/no-vsmooth}; WINDOW=${WINDOW:-2}; TESTS=${TESTS:-1}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-8}
 ROOT=$PWD; WORK=$(mktemp -d); names=""; i=0
 for src in "$@"; do
+  [ -d "$src" ] || { echo "kernel_ab.sh: $src is not a folder (a copy of csrc/)" >&2; exit 2; }
   X=$(printf "\\x$(printf %x $((65 + i)))"); i=$((i + 1)); names="$names $X"
   mkdir -p "$WORK/$X" && cp -r "$ROOT/vcbench" "$ROOT/benchmarks" "$ROOT/tests" "$WORK/$X/"
-  cp "$src" "$WORK/$X/vcbench/kernels/csrc/vc_attention_sm90.cu"
+  rm -rf "$WORK/$X/vcbench/kernels/csrc" && cp -r "$src" "$WORK/$X/vcbench/kernels/csrc"
   echo "$X = $src"
 done
 t0=$(date +%s)
@@ -33,7 +35,7 @@ if [ "$TESTS" = 1 ]; then for X in ${names#* A}; do
 done; fi
 for r in 1 2; do for X in $names; do
   (cd "$WORK/$X" && VCBENCH_KERNEL_CACHE=$WORK/k$X PYTHONPATH=$WORK/$X timeout 200 \
-     python3 benchmarks/compiled_timeit.py --skip-triton --methods "$METHODS" --variants simple-3wg \
+     python3 benchmarks/compiled_timeit.py --skip-triton --methods "$METHODS" \
      --warmup-s "$WINDOW" --window-s "$WINDOW" --json "$WORK/t$X$r.json" > "$WORK/t$X$r.txt" 2>&1) \
     || echo "timeit $X$r failed: $(tail -3 "$WORK/t$X$r.txt")"
 done; done

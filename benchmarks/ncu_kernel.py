@@ -1,9 +1,9 @@
 """Device script: launch the compiled kernel a few times for one plan, for Nsight Compute to
 profile one of the launches (benchmarks/ncu_profile.sh skips the first). Random normal bf16
-inputs of a timeit preset; the plan's default variant unless --variant says otherwise.
+inputs of a timeit preset.
 
 Usage: PYTHONPATH=. python3 benchmarks/ncu_kernel.py --method vc-8bit[/no-vsmooth]
-       [--shape longcat-480p] [--variant pingpong-2lvl-vs3s] [--launches 2]
+       [--shape longcat-480p] [--launches 2]
 """
 
 import argparse
@@ -20,7 +20,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--method", required=True, help="a method, or a row of compiled_timeit.OPTIONS")
     ap.add_argument("--shape", default="longcat-480p", choices=list(PRESETS))
-    ap.add_argument("--variant", choices=list(compiled.VARIANTS))
     ap.add_argument("--launches", type=int, default=2)
     args = ap.parse_args()
     if "/" in args.method and args.method not in OPTIONS:
@@ -31,11 +30,10 @@ def main():
     perm = group(x.v, plan.vsmooth).permutation if plan.vsmooth is not None else None
     ops = gpu.prepare_gpu(x.q, x.k, x.v, plan, permutation=perm)
     out = torch.empty_like(x.q)
-    variant = args.variant or compiled.default_variant(plan)
     for _ in range(args.launches):
-        compiled.run(ops, plan, out, variant=variant)
+        compiled.run(ops, plan, out)
     torch.cuda.synchronize()
-    print(f"{args.method} {variant} {args.shape}: {args.launches} launches, "
+    print(f"{args.method} {args.shape}: {args.launches} launches, "
           f"finite={bool(torch.isfinite(out).all())}")
 
 

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# Device script (issues 5/7): Nsight Compute on the compiled kernel's default plans, to see what
+# Device script: Nsight Compute on the compiled kernel's default plans, to see what
 # bounds them (pipes, issue, stalls) instead of inferring it from timing differences. One
 # launch per plan (the second: the first loads and warms up), --set full, clocks left alone
 # (METHOD.md); longcat-480p by default (the same per-tile work as wan22-720p, a quarter of the
 # time per replay pass). Exports the raw metrics and the SASS source page as CSV, prints
 # benchmarks/ncu_summary.py's digest, and packs the CSVs into $OUT/ncu-csv.tar.xz.
 # Usage (repo root, PYTHONPATH=.; builds the kernel if needed): bash benchmarks/ncu_profile.sh [SHAPE]
-# NCU_METHODS="vc-8bit vc-8bit/no-vsmooth" profiles only those plans (default: the four below);
-# METHOD@VARIANT profiles that compiled variant instead of the plan's default.
+# NCU_METHODS="vc-8bit vc-8bit/no-vsmooth" profiles only those plans (default: the four below).
 set -u
 OUT=${OUT:-/tmp/out}
 SHAPE=${1:-longcat-480p}
@@ -21,13 +20,12 @@ echo "build (or cached): $(( $(date +%s) - t0 )) s"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
 if [ -z "$NCU" ]; then echo "ncu not found"; exit 1; fi
 echo "ncu: $NCU ($($NCU --version | tail -n 1))"
-for mv in ${NCU_METHODS:-vc-8bit vc-8bit/no-vsmooth vc-8bit-vsmooth vc-8bit-vsmooth/no-vsmooth}; do
-  m=${mv%@*}; variant=""; [ "$m" != "$mv" ] && variant="--variant ${mv#*@}"
-  tag=${mv//\//-}; tag=${tag//@/-}
+for m in ${NCU_METHODS:-vc-8bit vc-8bit/no-vsmooth vc-8bit-vsmooth vc-8bit-vsmooth/no-vsmooth}; do
+  tag=${m//\//-}
   t0=$(date +%s)
   timeout -s KILL 150 "$NCU" --clock-control none -k regex:vc_attention_kernel --launch-skip 1 \
     --launch-count 1 --set full --import-source no -f -o "/tmp/ncu/$tag" \
-    python3 benchmarks/ncu_kernel.py --method "$m" $variant --shape "$SHAPE" > "/tmp/ncu/$tag.log" 2>&1
+    python3 benchmarks/ncu_kernel.py --method "$m" --shape "$SHAPE" > "/tmp/ncu/$tag.log" 2>&1
   echo "$m: ncu rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E "launches|Error|error" /tmp/ncu/$tag.log | head -n 3)"
   "$NCU" -i "/tmp/ncu/$tag.ncu-rep" --page raw --csv --print-units base > "/tmp/ncu/raw-$tag.csv" 2> "/tmp/ncu/raw-$tag.err" \
     || tail -n 3 "/tmp/ncu/raw-$tag.err"

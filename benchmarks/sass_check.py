@@ -1,6 +1,5 @@
 """SASS facts of the compiled sm_90a kernel, per template instance: the matrix instructions
-(IGMMA for the INT8 QK wgmma, QGMMA for the FP8 PV wgmma, HMMA for V-Smooth's mean mma.sync,
-HGMMA for its wgmma in -vs3s),
+(IGMMA for the INT8 QK wgmma, QGMMA for the FP8 PV wgmma, HGMMA for V-Smooth's mean product),
 local memory (LDL/STL), and MUFU.EX2, which ExpCast must keep off the P path (only the per-row
 alpha and the per-16-tile mean weights may use it). Exit status 1 if a check fails.
 
@@ -15,10 +14,8 @@ import subprocess
 import sys
 from collections import Counter
 
-# template <EXPCAST, VSMOOTH, PINGPONG, STAGES, VSX, VS3, LATE, NC> as mangled (all eight
-# arguments; a build of older sources, with other template parameters, matches no instance)
-INSTANCE = re.compile(
-    r"vc_attention_kernelILb(\d)ELb(\d)ELb(\d)ELi(\d+)ELb(\d)ELb(\d)ELb(\d)ELi(\d)EE")
+# the kernel's instance (ExpCast, V-Smooth) as mangled: its only two template arguments
+INSTANCE = re.compile(r"vc_attention_kernelI(?:NS_\w+I)?Lb(\d)ELb(\d)EE")
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
@@ -37,34 +34,31 @@ def main() -> int:
                           text=True).stdout
     ok = True
     instances = 0
-    print(f"{'variant':38s} {'instr':>6s} {'IGMMA':>5s} {'QGMMA':>5s} {'DEPBAR':>6s} {'HMMA':>4s} "
+    print(f"{'instance':20s} {'instr':>6s} {'IGMMA':>5s} {'QGMMA':>5s} {'DEPBAR':>6s} {'HGMMA':>5s} "
           f"{'LDL/STL':>7s} {'MUFU.EX2':>8s} {'I2FP':>5s} {'I2F':>4s} {'FMNMX':>5s}  check")
     for name, ops in functions(sass):
         m = INSTANCE.search(name)
         if not m:
             continue
         instances += 1
-        expcast, vsmooth, pingpong, stages, vsx, vs3, late, nc = (int(x) for x in m.groups())
+        expcast, vsmooth = (int(x) for x in m.groups())
         base = Counter(op.split(".")[0] for op in ops)
         full = Counter(ops)
         ex2 = sum(v for k, v in full.items() if k.startswith("MUFU.EX2"))
         local = base["LDL"] + base["STL"]
         gmma = base["IGMMA"] + base["QGMMA"] + base["HGMMA"]
         depbar = sum(v for k, v in full.items() if k.startswith("WARPGROUP.DEPBAR"))
-        # ExpCast: alpha (2 rows) per softmax copy (masked and unmasked), twice as many copies
-        # in the ping-pong variant's prologue; V-Smooth's flush 8 per copy of mean_flush.
-        # vs3s: the weights in up to three places (loop, last turn, epilogue), 8 each.
-        # 3wg with V-Smooth: the softmax in four copies (first batch, a batch's first tile, the
-        # rest, the last tile: 8 alphas) and the weights in three places (the batch tile, the
-        # two batches after the loop: 24).
-        ex2_allowed = (8 + ((32 if vs3 or nc == 3 else 16) if vsmooth else 0)) if expcast else None
+        # ExpCast: alpha (2 rows) per softmax copy; with V-Smooth the softmax is in four copies
+        # (first batch, a batch's first tile, the rest, the last tile: 8 alphas) and the
+        # weights in three places (the batch tile, the two batches after the loop: 24).
+        ex2_allowed = (8 + (32 if vsmooth else 0)) if expcast else None
         problems = []
         if not base["IGMMA"]:
             problems.append("no IGMMA")
         if not base["QGMMA"]:
             problems.append("no QGMMA")
-        if vsmooth and not base["HMMA"] and not base["HGMMA"]:  # the mean product: mma.sync or wgmma
-            problems.append("no HMMA/HGMMA")
+        if vsmooth and not base["HGMMA"]:  # the mean product
+            problems.append("no HGMMA")
         if local:
             problems.append("local memory")
         if depbar >= gmma:  # ptxas waits after every wgmma when it serializes them (C7511)
@@ -72,12 +66,9 @@ def main() -> int:
         if ex2_allowed is not None and ex2 > ex2_allowed:
             problems.append(f"MUFU.EX2 {ex2} > {ex2_allowed}: on the P path?")
         ok &= not problems
-        label = (f"{'pingpong' if pingpong else 'simple'} "
-                 f"{'expcast' if expcast else 'exp2'}{' vsmooth' if vsmooth else ''} s{stages}"
-                 f"{' vsx' if vsx else ''}{' vs3s' if vs3 else ''}{' late' if late else ''}"
-                 f"{' 3wg' if nc == 3 else ''}")
-        print(f"{label:38s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
-              f"{base['HMMA']:4d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
+        label = f"{'expcast' if expcast else 'exp2'}{' vsmooth' if vsmooth else ''}"
+        print(f"{label:20s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
+              f"{base['HGMMA']:5d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
               f"{'ok' if not problems else '; '.join(problems)}")
     names = sorted({op for _, ops in functions(sass) for op in ops if "GMMA" in op})
     print("matrix instructions as printed:", ", ".join(names))

@@ -1,8 +1,8 @@
 """The compiled sm_90a kernel on a CPU machine: build bookkeeping, the fallback message, and
 the index algebra its CUDA code relies on (the kernel itself runs in test_gpu_compiled.py).
 
-The layout tests mirror, in Python, the index maps written in csrc/vc_attention_sm90.cu: if
-one side changes, the other must, and these tests say whether they still fit together.
+The layout tests mirror, in Python, the index maps written in csrc/sm90/: if one side changes,
+the other must, and these tests say whether they still fit together.
 """
 
 import math
@@ -42,8 +42,25 @@ def test_a_build_of_other_sources_is_called_stale(monkeypatch, tmp_path):
     assert compiled.missing_reason() is None
 
 
+def test_the_sources_and_headers_are_every_file_a_build_reads():
+    on_disk = {p.relative_to(compiled.CSRC).as_posix() for p in compiled.CSRC.rglob("*")
+               if p.suffix in (".cu", ".cuh", ".cpp", ".h", ".hpp")}
+    assert on_disk == set(compiled.SOURCES + compiled.HEADERS)
+    assert len(compiled.SOURCES + compiled.HEADERS) == len(on_disk)  # no name twice
+
+
+def test_the_wgmma_header_is_its_generator_s_output():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_wgmma", compiled.CSRC / "sm90" / "gen_wgmma.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (compiled.CSRC / "sm90" / "wgmma.cuh").read_text() == gen.text()
+
+
 def test_the_source_hash_covers_every_source(monkeypatch, tmp_path):
     for name in compiled.SOURCES + compiled.HEADERS:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes((compiled.CSRC / name).read_bytes())
     monkeypatch.setattr(compiled, "CSRC", tmp_path)
     compiled.source_hash.cache_clear()
@@ -69,34 +86,6 @@ def test_build_flags_name_the_hopper_a_target_and_leave_std_to_torch():
     # torch adds its own arch flags unless one names an arch: ours must, or sm_90 rejects wgmma
     assert any("arch" in f for f in cuda)
     assert "-DVC_SOURCE_HASH_ID=habc" in cuda and '"' not in " ".join(cuda)  # ninja runs sh
-
-
-def test_a_timing_probe_is_its_own_build_and_never_runs_as_the_kernel(monkeypatch, tmp_path):
-    monkeypatch.setenv("VCBENCH_KERNEL_CACHE", str(tmp_path))
-    compiled.source_hash.cache_clear()
-    real = compiled.source_hash()
-    try:
-        monkeypatch.setenv("VCBENCH_KERNEL_PROBE", "no-mean-flush, no-mean-mma")
-        compiled.source_hash.cache_clear()
-        assert compiled.probes() == ("no-mean-flush", "no-mean-mma")
-        assert compiled.source_hash() != real  # never mistaken for the real build
-        cuda = compiled.build_flags()["extra_cuda_cflags"]
-        assert "-DVC_PROBE_NO_MEAN_MMA" in cuda and "-DVC_PROBE_NO_MEAN_FLUSH" in cuda
-        for name, macro in compiled.PROBES.items():  # each macro is one the kernel source reads
-            assert f"#ifdef {macro}" in (compiled.CSRC / compiled.SOURCES[0]).read_text(), name
-        # with a device and a current build, status() still refuses it to every caller
-        monkeypatch.setattr(compiled, "device_reason", lambda: None)
-        compiled.build_dir().mkdir(parents=True)
-        compiled.library_path().write_bytes(b"")
-        compiled.status.cache_clear()
-        reason = compiled.status()
-        assert "VCBENCH_KERNEL_PROBE" in reason and "wrong by design" in reason and "\n" not in reason
-        monkeypatch.setenv("VCBENCH_KERNEL_PROBE", "no-such-probe")
-        with pytest.raises(UserError, match="no-such-probe"):
-            compiled.probes()
-    finally:
-        compiled.source_hash.cache_clear()
-        compiled.status.cache_clear()
 
 
 def test_cli_status_says_why_in_one_line(monkeypatch, tmp_path, capsys):
@@ -168,15 +157,6 @@ def test_by_default_the_compiled_kernel_runs_only_when_built_and_silently_otherw
     assert not gpu.compiled_for(get_method("vc-8bit").plan())
 
 
-def test_default_variants_follow_the_measurements():
-    """simple-3wg for every plan the kernel runs (docs/perf.md, session 19), and it is built."""
-    for name, options in (("sage2-8bit", {}), ("vc-8bit", {}), ("vc-8bit-vsmooth", {}),
-                          ("vc-8bit", {"vsmooth": False}), ("vc-8bit-vsmooth", {"vsmooth": False})):
-        variant = compiled.default_variant(get_method(name).plan(options))
-        assert variant == "simple-3wg"
-        assert variant in compiled.VARIANTS and variant in compiled.BLOCKED_MEANS_VARIANTS
-
-
 def test_sm90_without_a_build_falls_back_with_one_line(monkeypatch):
     monkeypatch.setenv("VCBENCH_KERNEL", "sm90")
     monkeypatch.setattr(compiled, "status", lambda: "compiled kernel not built; run `make kernels`")
@@ -235,7 +215,7 @@ def a_fragment(r, byte, w, lane):
     return 16 * w + lane // 4 + 8 * (r % 2), 4 * (lane % 4) + byte + 16 * (r // 2)
 
 
-def key_of(c, q, b):  # the .cu's key_of
+def key_of(c, q, b):  # softmax.cuh's key_of
     return 16 * (c & 7) + 4 * q + 2 * (c >> 3) + b
 
 
@@ -285,73 +265,15 @@ def test_the_row_sum_column_is_read_by_the_quad_leader():
             assert (col == 128) == (lane % 4 == 0)
 
 
-def _body(src, signature):
-    """The text of a device function: from its signature to the closing brace at column 0."""
-    body = src[src.index(signature):]
-    return body[:body.index("\n}\n")]
-
-
-def test_mean_flush_fragments_line_up():
-    """mean_flush's two operands, with the index expressions read from the .cu and checked
-    against the PTX ISA's fragment layouts of mma.m16n8k16 (f16, .row.col), lane L = 4g + q:
-      A: register j holds k = 2q + 8 (j // 2) + {0, 1} (low half first) of row g + 8 (j % 2);
-      B: register j holds k = 2q + 8j + {0, 1} of column n = g;
-      C: the accumulator registers of n-block nb are wgmma's columns 8 nb + 2q + {0, 1}.
-    mean_weights_rows builds A from slot t (the tile k) of row half h; mean_mma loads B with
-    ldmatrix.x4.trans over the [16 tiles][D channels] FP16 means: lanes 8i..8i+7 give the row
-    addresses of matrix i, and thread T receives element (row 2 (T % 4) + j, column T // 4) of
-    each matrix, j = 0 in the low half."""
-    src = (compiled.CSRC / compiled.SOURCES[0]).read_text()
-    weights = _body(src, "void mean_weights_rows(")
-    slot = re.search(r"const int t = (.+?);", weights).group(1)
-    reg, hi, lo = re.search(r"a\[(.+?)\] = f16x2\(v\[(\d)\], v\[(\d)\]\)", weights).groups()
-    assert (int(hi), int(lo)) == (1, 0)  # f16x2(hi, lo): element e = 0 in the low half
-    for q in range(4):
-        written = set()
-        for hk in range(2):
-            for h in range(2):
-                j = eval(reg, {}, dict(hk=hk, h=h))  # noqa: S307
-                assert h == j % 2  # row g + 8h
-                for e in range(2):
-                    assert eval(slot, {}, dict(q=q, hk=hk, e=e)) == 2 * q + 8 * (j // 2) + e  # noqa: S307
-                written.add(j)
-        assert written == {0, 1, 2, 3}
-
-    mma = _body(src, "void mean_mma(")
-    mi_expr, rr_expr = re.search(r"const int mi = (.+?), rr = (.+?);", mma).groups()
-    addr = re.search(r"const uint32_t addr = mbuf \+ (.+?);", mma).group(1)
-    loaded = re.search(r"ldmatrix_x4_trans\(addr, (\w+), (\w+), (\w+), (\w+)\)", mma).groups()
-    calls = re.findall(r"mma_f16_16816\(acc\[(.+?)\].*?a, (\w+),\s*(\w+)\);", mma, re.S)
-    assert len(calls) == 2
-    d = 128
-    for nb2 in range(8):
-        rows = {}  # lane -> (tile, first channel) of the matrix row it addresses
-        for lane in range(32):
-            env = dict(lane=lane)
-            env.update(mi=eval(mi_expr, {}, env), rr=eval(rr_expr, {}, env))  # noqa: S307
-            off = eval(addr, {}, dict(env, nb2=nb2, D=d))  # noqa: S307
-            rows[lane] = (off // (2 * d), (off % (2 * d)) // 2)
-        for first_acc, bx, by in calls:
-            nb = eval(first_acc, {}, dict(nb2=nb2)) // 4  # noqa: S307  n-block of c0
-            for j_reg, name in enumerate((bx, by)):
-                matrix = loaded.index(name)
-                for lane in range(32):
-                    g, q = lane // 4, lane % 4
-                    for j in range(2):
-                        tile, channel = rows[8 * matrix + 2 * q + j]
-                        assert (tile, channel + g) == (2 * q + 8 * j_reg + j, 8 * nb + g), (nb2, lane)
-        assert sorted(eval(c[0], {}, dict(nb2=nb2)) // 4 for c in calls) == [2 * nb2, 2 * nb2 + 1]  # noqa: S307
-
-
-def test_blocked_means_are_the_k_major_core_matrix_layout_the_vs3_descriptor_names():
-    """pingpong-2lvl-vs3s's wgmma reads a batch's means (16 tiles x 128 channels, fp16) through a
+def test_blocked_means_are_the_k_major_core_matrix_layout_the_mean_descriptor_names():
+    """The mean product's wgmma reads a batch's means (16 tiles x 128 channels, fp16) through a
     no-swizzle K-major descriptor: 8 rows x 16 bytes core matrices, LBO bytes apart along k
     (the tile) and SBO bytes apart along n (the channel). Element (k, n) is then at byte
     (n // 8) SBO + (k // 8) LBO + (n % 8) 16 + (k % 8) 2: walk that byte address for every
     element and find it where blocked_means put it; padding tiles are zero."""
     import torch
 
-    src = (compiled.CSRC / compiled.SOURCES[0]).read_text()
+    src = (compiled.CSRC / "sm90" / "mma.cuh").read_text()
     desc = src[src.index("uint64_t desc_means("):]
     desc = desc[:desc.index("}")]
     lbo, sbo = (int(x) for x in re.findall(r"static_cast<uint64_t>\((\d+) >> 4\)", desc))
@@ -367,32 +289,22 @@ def test_blocked_means_are_the_k_major_core_matrix_layout_the_vs3_descriptor_nam
                 tile = 16 * batch + k
                 want = v_mean[b, h, tile, n] if tile < tiles else 0.0
                 assert flat[b, h, batch, byte // 2] == want, (k, n)
-    header = (compiled.CSRC / compiled.HEADERS[0]).read_text()
-    rule = re.search(r"reads_blocked_means\(int variant\) \{ return (.*?); \}", header).group(1)
-    blocked = {v for v in compiled.VARIANTS.values()
-               if eval(rule.replace("||", "or"), {"variant": v})}
-    assert blocked == {compiled.VARIANTS[n] for n in compiled.BLOCKED_MEANS_VARIANTS}
+    header = (compiled.CSRC / "sm90" / "forward.cuh").read_text()
     assert compiled.MEAN_BATCH == int(re.search(r"MEAN_BATCH = (\d+)", header).group(1))
 
 
-def test_python_variants_are_the_kernel_s_variant_names_in_order():
-    src = (compiled.CSRC / compiled.SOURCES[0]).read_text()
-    names = src[src.index("VARIANT_NAMES[N_VARIANTS] = {"):]
-    names = re.findall(r'"([a-z0-9-]+)"', names[:names.index("};")])
-    assert names == list(compiled.VARIANTS) and list(compiled.VARIANTS.values()) == list(range(len(names)))
-
-
-def test_vs3s_weight_stores_land_where_the_mean_descriptor_reads_a():
-    """pingpong-2lvl-vs3s: each thread stores its four f16x2 words of mean_weights4's fragment
+def test_mean_weight_stores_land_where_the_mean_descriptor_reads_a():
+    """Each thread stores its four f16x2 words of mean_weights_rows' fragment
     (word 2hk + h: row 16 warp + g + 8h, tiles 8hk + 2q and + 1, the lower tile in the low half)
     at the byte offset store_weights computes; the wgmma reads A through desc_means (K-major, no
     swizzle), element (row m, tile k) at (m // 8) SBO + (k // 8) LBO + (m % 8) 16 + (k % 8) 2.
-    The offset expression is read from the .cu; every element of the 64 x 16 tile is written
+    The offset expression is read from vsmooth.cuh; every element of the 64 x 16 tile is written
     exactly once, where the descriptor looks for it."""
-    src = (compiled.CSRC / compiled.SOURCES[0]).read_text()
+    src = (compiled.CSRC / "sm90" / "vsmooth.cuh").read_text()
     body = src[src.index("void store_weights("):]
     body = body[:body.index("\n}")]
     offset = re.search(r"wtile \+ (.+?)\) =", body.replace("\n", " ")).group(1)
+    src = (compiled.CSRC / "sm90" / "mma.cuh").read_text()
     desc = src[src.index("uint64_t desc_means("):]
     desc = desc[:desc.index("}")]
     lbo, sbo = (int(x) for x in re.findall(r"static_cast<uint64_t>\((\d+) >> 4\)", desc))

@@ -1,4 +1,4 @@
-"""The compiled VC-Attention kernel for Hopper (csrc/vc_attention_sm90.cu): build, load, run.
+"""The compiled VC-Attention kernel for Hopper (csrc/): build, load, run.
 
 Built on a machine with nvcc and a CUDA torch by `make kernels` (= `python -m
 vcbench.kernels.compiled build`) into a cache folder, one subfolder per hash of the sources,
@@ -10,17 +10,10 @@ line why there is none (not built, built from other sources, no CUDA, not Hopper
 It runs the prepared operands of `vcbench.kernels.gpu.prepare_gpu` (the same `GpuOperands`
 the Triton kernel reads) for plans with INT8 Q/K (Q per 16 or 128 rows, K per 128 keys),
 per-channel E4M3 V, P by ExpCast-FP8 or exp2-then-E4M3, optional V-Smooth, head dim 128:
-`vc-8bit`, `vc-8bit-vsmooth`, and `sage2-8bit`'s kernel. Variants (VARIANTS): "simple" (each
-consumer warpgroup runs QK, softmax, PV in turn), "pingpong-2lvl" (the two consumer warpgroups
-take turns on the tensor core), "pingpong-2lvl-vs" (scheduled for V-Smooth),
-"pingpong-2lvl-vs3s" (V-Smooth's mean product as a wgmma), "pingpong-2lvl-vs3s-late" (tile
-j's softmax while PV_{j-1} runs; ExpCast) and "simple-3wg" (three consumer warpgroups, every
-plan's default); see VARIANTS' comment. The measured losers were removed (docs/perf.md): the
-grouped ("pingpong-g4-sat") and I2FP-free ("-sati") variants in session 13; direct accumulation
-("pingpong", "simple-direct"), ExpCast without FFMA.SAT, and "-vs2" in session 15; "-vs3" (the
-mean weights in registers) and the polynomial exponentials ("-vs3-p4", "-p8") in session 16;
-"-split", the mean product after the softmax and "-late-2b" in session 17; "simple-3wg-h" (PV in
-two column halves) in session 19.
+`vc-8bit`, `vc-8bit-vsmooth`, and `sage2-8bit`'s kernel. One schedule for every plan: three
+consumer warpgroups that each run QK, softmax and PV in order, a producer warpgroup feeding
+them by TMA (csrc/sm90/, one file per phase; mainloop.cuh is the kernel); four instances,
+ExpCast or exp2 times V-Smooth or not.
 """
 
 from __future__ import annotations
@@ -36,95 +29,25 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from vcbench.errors import UserError
-
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("vc_attention_sm90.cu", "binding.cpp")
-HEADERS = ("vc_attention_sm90.cuh", "wgmma_sm90.cuh")
-# The order of the .cu's VARIANT_NAMES. Every variant accumulates two-level (each tile's PV in
-# its own wgmma block, added to the FP32 accumulator on the CUDA cores, as the emulation
-# accumulates: accumulating in the wgmma block truncates it to 13 bits at every wgmma) and
-# encodes ExpCast's max(t, 0) and magic add as FFMA.SAT + FFMA (the same codes).
-# "pingpong-2lvl-vs": pingpong-2lvl with tile j's K scale loaded at the top of iteration j
-# (pinned; with V-Smooth ptxas left that load right before its use, behind the flush branch) and
-# V-Smooth's flush synchronized per warp instead of per warpgroup (its data is warp-local): same
-# numerics as pingpong-2lvl.
-# "pingpong-2lvl-vs3s": pingpong-2lvl-vs with V-Smooth's per-tile (r, m) stored as one float4 per
-# lane quad, and the mean product as one f16 wgmma issued in the warpgroup's turn (into the PV
-# block of the tile after the batch, weighted against that tile's max) instead of mma.sync
-# beside the turn, which waited on the other warpgroup's wgmmas (benchmarks/vsmooth_probe.sh
-# measured it). The weights go through shared memory, so no weight registers are live across
-# the turn and one loop body carries the product under a guard predicate. It reads the means
-# blocked (`blocked_means`). Not the same accumulator bits as -vs (other weights' reference
-# max); without V-Smooth it is -vs's code (SASS identical).
-# "pingpong-2lvl-vs3s-late": -vs3s with QK_j alone in the turn's first wgmma group, PV_{j-1} in
-# the second and the mean product (where due) in a third: tile j's softmax runs while PV_{j-1} is
-# on the tensor core (S, the PV block, P and acc all live: ptxas fits them without spilling).
-# The same arithmetic as -vs3s. ExpCast only: on the exp2 path ptxas serialized this form
-# (C7513), so its exp2 instances run -vs3s's code.
-# "simple-3wg": simple with three consumer warpgroups (192 query rows per CTA, 160 registers
-# each): three independent chains of QK, softmax and PV per scheduler instead of two that take
-# turns. The masked last tile runs outside the loop; V-Smooth's batch product is an f16 wgmma in
-# PV's group of each batch's first tile (mma.sync waited for the other warpgroups' wgmmas), its
-# weights and the means from shared memory (the means blocked). No local memory at 160 registers
-# since session 19 (the weights through shared memory, the row sums parked there across the cold
-# tiles, the Q scale warp-uniform).
-VARIANTS = {"simple": 0, "pingpong-2lvl": 1, "pingpong-2lvl-vs": 2, "pingpong-2lvl-vs3s": 3,
-            "pingpong-2lvl-vs3s-late": 4, "simple-3wg": 5}
-# the .cuh's reads_blocked_means: the variants whose V-Smooth means come blocked
-BLOCKED_MEANS_VARIANTS = ("pingpong-2lvl-vs3s", "pingpong-2lvl-vs3s-late", "simple-3wg")
-MEAN_BATCH = 16  # tiles per V-Smooth mean product (the .cuh's MEAN_BATCH)
-
-
-def default_variant(plan) -> str:
-    """The fastest variant per kind of plan, measured on the H200 at the Wan2.2 shape
-    (docs/perf.md), through tests/test_gpu_compiled.py green: simple-3wg for every plan since
-    session 19, in one run (ms, simple-3wg against the previous default): vc-8bit 111.3 against
-    pingpong-2lvl-vs3s-late's 123.0; vc-8bit without the mean term 110.2 against -late's 116.5;
-    vc-8bit-vsmooth 125.7 against pingpong-2lvl-vs3s's 146.5; sage2-8bit 126.5 against simple's
-    140.4. The 2-warpgroup variants stay for comparison (the ping-pong schedule is what the
-    issue's kernel description asks for)."""
-    del plan  # every plan the kernel runs: one variant
-    return "simple-3wg"
-
-
+# What nvcc compiles (the kernel and its host side; the torch binding) and every header they
+# include, relative to CSRC: the build's inputs, all of them in the source hash.
+SOURCES = ("sm90/launch.cu", "binding.cpp")
+HEADERS = ("sm90/forward.cuh", "sm90/traits.cuh", "sm90/pipeline.cuh", "sm90/mma.cuh",
+           "sm90/wgmma.cuh", "sm90/softmax.cuh", "sm90/vsmooth.cuh", "sm90/epilogue.cuh",
+           "sm90/mainloop.cuh")
+MEAN_BATCH = 16  # tiles per V-Smooth mean product (forward.cuh's MEAN_BATCH)
 IMPLEMENTATION = "vcbench-sm90"
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"
 
 
-# Timing probes (benchmarks/vsmooth_probe.sh, docs/perf.md): VCBENCH_KERNEL_PROBE=NAME[,NAME]
-# builds the kernel with one part compiled out or simplified (V-Smooth's bookkeeping, ExpCast's
-# ones column, the int-to-float conversion of S), to measure what that part costs. A probe build
-# computes wrong outputs by design: its hash differs (it never stands in for a real build),
-# status() refuses it to every caller, and only load(probe_ok=True) opens it.
-PROBES = {"no-mean-mma": "VC_PROBE_NO_MEAN_MMA",      # the flush's LDSM + HMMA (its weights kept)
-          "no-mean-flush": "VC_PROBE_NO_MEAN_FLUSH",  # the whole flush ((r, m) still stored)
-          "uniform-desc-q": "VC_PROBE_UNIFORM_DESC_Q",  # Q's descriptor in uniform registers
-          "no-ones": "VC_PROBE_NO_ONES",  # ExpCast's PV at N = 128: the ones column's tensor time
-          "no-i2f": "VC_PROBE_NO_I2F"}  # ExpCast's scores without I2FP: its 64 ALU instructions
-
-
-def probes() -> tuple[str, ...]:
-    """The probes VCBENCH_KERNEL_PROBE asks for (sorted), or () for a real build."""
-    names = tuple(sorted({n.strip() for n in os.environ.get("VCBENCH_KERNEL_PROBE", "").split(",")
-                          if n.strip()}))
-    unknown = [n for n in names if n not in PROBES]
-    if unknown:
-        raise UserError(f"VCBENCH_KERNEL_PROBE: unknown probe {', '.join(unknown)} "
-                        f"(known: {', '.join(PROBES)})")
-    return names
-
-
 @lru_cache(maxsize=1)
 def source_hash() -> str:
-    """12 hex digits over every source and header (and any probe): a build is current only
-    for this hash."""
+    """12 hex digits over every source and header: a build is current only for this hash."""
     h = hashlib.sha256()
     for name in SOURCES + HEADERS:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
-    if probes():
-        h.update(("probe:" + ",".join(probes())).encode())
     return h.hexdigest()[:12]
 
 
@@ -154,9 +77,8 @@ def build_flags(digest: str | None = None) -> dict:
     -gencode stops torch from adding its own arch flags (a plain sm_90 pass would reject
     wgmma); no -std: torch picks the one its headers need (the .cu does not include torch)."""
     define = f"-DVC_SOURCE_HASH_ID=h{digest or source_hash()}"  # no quotes: ninja runs sh
-    probe_defines = [f"-D{PROBES[n]}" for n in probes()]
     return {
-        "extra_cuda_cflags": [ARCH_FLAG, "-O3", "-Xptxas=-v", "-lineinfo", define, *probe_defines],
+        "extra_cuda_cflags": [ARCH_FLAG, "-O3", "-Xptxas=-v", "-lineinfo", define],
         "extra_cflags": ["-O3", define],
     }
 
@@ -192,25 +114,17 @@ def device_reason() -> str | None:
     return None
 
 
-def probe_reason() -> str | None:
-    if not probes():
-        return None
-    return (f"VCBENCH_KERNEL_PROBE={','.join(probes())} selects a timing probe, whose outputs are "
-            "wrong by design; unset it to run the compiled kernel")
-
-
 @lru_cache(maxsize=1)
 def status() -> str | None:
     """None when the compiled kernel can run here, else one line saying why not (cached: a
     build in this process clears it)."""
-    return device_reason() or missing_reason() or probe_reason()
+    return device_reason() or missing_reason()
 
 
-@lru_cache(maxsize=2)
-def load(probe_ok: bool = False):
-    """The extension module of the current sources, or None (see `status`). Never builds.
-    `probe_ok`: open a probe build too (benchmarks/compiled_timeit.py, timing only)."""
-    if (device_reason() or missing_reason()) if probe_ok else status():
+@lru_cache(maxsize=1)
+def load():
+    """The extension module of the current sources, or None (see `status`). Never builds."""
+    if status():
         return None
     import torch  # noqa: F401  (the library links against torch's shared libraries)
 
@@ -280,7 +194,7 @@ def arguments(ops, plan) -> dict:
 
 
 def blocked_means(v_mean):
-    """V-Smooth's block means (B, H, tiles, 128) fp16 as simple-3wg and -vs3s read them: tiles
+    """V-Smooth's block means (B, H, tiles, 128) fp16 as the kernel reads them: tiles
     zero-padded to whole batches of MEAN_BATCH, and each batch's 16 x 128 block laid out as
     wgmma's K-major B operand without swizzle, 8 x 8 core matrices: element (tile k, channel n)
     of a batch at (n // 8) * 128 + (k // 8) * 64 + (n % 8) * 8 + k % 8 (in elements). Shape
@@ -295,25 +209,22 @@ def blocked_means(v_mean):
     return x.permute(0, 1, 2, 5, 3, 6, 4).contiguous().view(b, h, padded, d)
 
 
-def run(ops, plan, out, variant: str | int | None = None, probe_ok: bool = False):
+def run(ops, plan, out):
     """Attention of prepared operands into `out` (B, H, N, D), bf16/fp16, any strides with a
-    unit last stride. Raises RuntimeError with `status()` when the kernel cannot run here.
-    `probe_ok`: run a probe build (timing only; see PROBES)."""
-    module = load(probe_ok=True) if probe_ok else load()
+    unit last stride. Raises RuntimeError with `status()` when the kernel cannot run here."""
+    module = load()
     if module is None:
         raise RuntimeError(status())
     reason = unsupported_reason(plan, ops.q.shape[-1])
     if reason:
         raise RuntimeError(reason)
-    variant = default_variant(plan) if variant is None else variant
-    v = VARIANTS[variant] if isinstance(variant, str) else int(variant)
     means = ops.v_mean
-    if means is not None and v in {VARIANTS[n] for n in BLOCKED_MEANS_VARIANTS}:
-        # prepare_gpu blocks them when the plan runs here; else (the Triton kernel's operands
-        # run on this variant by name) a small copy per call
+    if means is not None:
+        # prepare_gpu blocks them when the plan runs here; else (operands prepared for the
+        # Triton kernel) a small copy per call
         means = ops.v_mean_blocked if ops.v_mean_blocked is not None else blocked_means(means)
     return module.forward(ops.q, ops.q_scale, ops.k, ops.k_scale, ops.v_t, ops.v_scale,
-                          means, out, variant=v, **arguments(ops, plan))
+                          means, out, **arguments(ops, plan))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(module.describe(), end="")
     except RuntimeError as e:  # no GPU on the build machine: attributes need a device
-        print(f"(no variant attributes: {e})")
+        print(f"(no instance attributes: {e})")
     return 0
 
 

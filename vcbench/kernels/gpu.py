@@ -161,8 +161,8 @@ class GpuOperands:
     v_mean: torch.Tensor | None
     n: int
     permutation: torch.Tensor | None = None
-    # v_mean as the compiled kernel's simple-3wg and -vs3s read it (compiled.blocked_means),
-    # written here when the plan runs on the compiled kernel, so it is timed as preprocessing
+    # v_mean as the compiled kernel reads it (compiled.blocked_means), written here when the
+    # plan runs on the compiled kernel, so it is timed as preprocessing
     v_mean_blocked: torch.Tensor | None = None
 
 
@@ -258,12 +258,13 @@ def kernel_switches(plan: Plan) -> dict:
 
 
 def run_prepared(ops: GpuOperands, plan: Plan, out: torch.Tensor, **tuning) -> torch.Tensor:
-    """Triton switches in `tuning` pick the Triton kernel; `variant=` the compiled one."""
+    """The compiled kernel where it runs the plan (`compiled_for`); the Triton kernel otherwise,
+    or whenever Triton switches are given in `tuning`."""
     b, h, _, d = ops.q.shape
-    if "variant" in tuning or (not tuning and compiled_for(plan, d, b * h)):
+    if not tuning and compiled_for(plan, d, b * h):
         from vcbench.kernels import compiled
 
-        return compiled.run(ops, plan, out, **tuning)
+        return compiled.run(ops, plan, out)
     from vcbench.kernels.triton.attention import launch
 
     return launch(ops, out, **kernel_switches(plan), **tuning)

@@ -4,7 +4,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
-#include "vc_attention_sm90.cuh"
+#include "sm90/forward.cuh"
 
 #ifndef VC_SOURCE_HASH_ID
 #define VC_SOURCE_HASH_ID unknown
@@ -23,12 +23,11 @@ void check(const torch::Tensor& t, const char* name, at::ScalarType dtype,
               c10::IntArrayRef(shape), ", got ", t.sizes());
 }
 
-// out = attention of the prepared operands; returns out. variant: 0 simple, 1 ping-pong.
+// out = attention of the prepared operands; returns out.
 torch::Tensor forward(torch::Tensor q, torch::Tensor q_scale, torch::Tensor k,
                       torch::Tensor k_scale, torch::Tensor v_t, torch::Tensor v_scale,
                       c10::optional<torch::Tensor> v_mean, torch::Tensor out, int64_t n,
-                      int64_t q_rows, bool expcast, double expcast_bias, double log2_p_scale,
-                      int64_t variant) {
+                      int64_t q_rows, bool expcast, double expcast_bias, double log2_p_scale) {
   TORCH_CHECK(q.dim() == 4, "q must be (B, H, N_pad, D)");
   const int64_t b = q.size(0), h = q.size(1), n_pad = q.size(2), d = q.size(3);
   TORCH_CHECK(d == 128, "the compiled kernel takes head dim 128, got ", d);
@@ -39,10 +38,9 @@ torch::Tensor forward(torch::Tensor q, torch::Tensor q_scale, torch::Tensor k,
   check(k_scale, "k_scale", at::kFloat, {b, h, n_pad / 128});
   check(v_t, "v_t", at::kFloat8_e4m3fn, {b, h, d, n_pad});
   check(v_scale, "v_scale", at::kFloat, {b, h, d});
+  // the means blocked (compiled.blocked_means): whole batches of MEAN_BATCH tiles, zero-padded
   const int64_t tiles = n_pad / 128;
-  const int64_t mean_rows = vc::reads_blocked_means(variant)
-                                ? (tiles + vc::MEAN_BATCH - 1) / vc::MEAN_BATCH * vc::MEAN_BATCH
-                                : tiles;
+  const int64_t mean_rows = (tiles + vc::MEAN_BATCH - 1) / vc::MEAN_BATCH * vc::MEAN_BATCH;
   if (v_mean.has_value()) check(*v_mean, "v_mean", at::kHalf, {b, h, mean_rows, d});
   TORCH_CHECK(out.is_cuda() && (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf),
               "out must be a bf16 or fp16 CUDA tensor");
@@ -77,7 +75,6 @@ torch::Tensor forward(torch::Tensor q, torch::Tensor q_scale, torch::Tensor k,
   a.out_bf16 = out.scalar_type() == at::kBFloat16;
   a.expcast_bias = static_cast<float>(expcast_bias);
   a.log2_p_scale = static_cast<float>(log2_p_scale);
-  a.variant = static_cast<int>(variant);
   a.stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
   const char* err = vc::forward(a);
   TORCH_CHECK(err == nullptr, "vc_sm90: ", err ? err : "");
@@ -90,11 +87,10 @@ std::string describe() { return vc::describe(); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "VC-Attention forward for Hopper (sm_90a), vcbench";
-  m.def("forward", &forward, "attention of prepared operands (see vc_attention_sm90.cuh)",
+  m.def("forward", &forward, "attention of prepared operands (see sm90/forward.cuh)",
         py::arg("q"), py::arg("q_scale"), py::arg("k"), py::arg("k_scale"), py::arg("v_t"),
         py::arg("v_scale"), py::arg("v_mean"), py::arg("out"), py::arg("n"), py::arg("q_rows"),
-        py::arg("expcast"), py::arg("expcast_bias"), py::arg("log2_p_scale"),
-        py::arg("variant"));
-  m.def("describe", &describe, "registers and shared memory of each compiled variant");
+        py::arg("expcast"), py::arg("expcast_bias"), py::arg("log2_p_scale"));
+  m.def("describe", &describe, "registers and shared memory of each compiled instance");
   m.attr("SOURCE_HASH") = VC_STR(VC_SOURCE_HASH_ID);  // "h" + compiled.source_hash()
 }

@@ -1,8 +1,8 @@
-"""Writes wgmma_sm90.cuh: the inline-PTX wrappers for the wgmma shapes the kernel issues.
+"""Writes wgmma.cuh: the inline-PTX wrappers for the wgmma shapes the kernel issues.
 
 Each wgmma names every accumulator register as an operand (64 or 68 of them), which is
 tedious and error-prone to type, so this script spells them out. Run it after changing a
-shape: `python vcbench/kernels/csrc/gen_wgmma.py` (the output is committed).
+shape: `python vcbench/kernels/csrc/sm90/gen_wgmma.py` (the output is committed).
 """
 
 from pathlib import Path
@@ -99,9 +99,9 @@ __device__ __forceinline__ void wgmma_e4m3_rs_n{n}_first(float (&d)[{nacc}], uin
 
 
 def f16_rs(n):
-    """V-Smooth's mean product as a wgmma ("pingpong-2lvl-vs3s", its final turns): the tiles'
-    weights (fp16, the A fragment of mma.m16n8k16 per warp) times the batch's means (fp16,
-    K-major, no swizzle), added to the first 64 registers of a 64- or 68-register accumulator."""
+    """V-Smooth's mean product as a wgmma, after the loop: the tiles' weights (fp16, the A
+    fragment of mma.m16n8k16 per warp) times the batch's means (fp16, K-major, no swizzle), added
+    to the first 64 registers of a 64- or 68-register accumulator."""
     nacc = n // 2
     outs = accumulators(nacc, "+f")
     return f"""
@@ -121,38 +121,37 @@ __device__ __forceinline__ void wgmma_f16_rs_n{n}(float (&d)[NACC], const uint32
 """
 
 
-def f16_ss_if(n):
-    """The mean product with A (the weights) from shared memory too ("pingpong-2lvl-vs3s", its
-    loop): no weight registers live across the turn; issued only where `on` is non-zero (a guard
-    predicate, uniform over the warpgroup), so one straight loop body carries a product that only
-    some iterations issue (a branch around the wgmma made ptxas serialize every wgmma of the
-    loop, C7520). The 3-warpgroup variants pass on = 1 in the straight copy of the tile that
-    carries a batch: ptxas folds the guard (the same SASS as an unguarded wrapper)."""
+def f16_ss(n):
+    """The mean product in the loop, with A (the weights) from shared memory too: no weight
+    registers live while the tile's PV runs beside it."""
     nacc = n // 2
     outs = accumulators(nacc, "+f")
     return f"""
 // D(f32, 64x{n}) += A(f16, 64x16, shared memory, K-major, no swizzle) * B(f16, 16x{n}, shared
-// memory, K-major, no swizzle), issued only if `on` (the same value across the warpgroup) is
-// non-zero. D is the first {nacc} registers of d.
+// memory, K-major, no swizzle). Always accumulates; D is the first {nacc} registers of d.
 template <int NACC>
-__device__ __forceinline__ void wgmma_f16_ss_n{n}_if(float (&d)[NACC], uint64_t desc_a,
-                                                   uint64_t desc_b, int on) {{
+__device__ __forceinline__ void wgmma_f16_ss_n{n}(float (&d)[NACC], uint64_t desc_a,
+                                                uint64_t desc_b) {{
   static_assert(NACC >= {nacc}, "accumulator too small");
   asm volatile(
-      "{{\\n.reg .pred p, g;\\nsetp.ne.b32 p, 1, 0;\\nsetp.ne.b32 g, %{nacc + 2}, 0;\\n"
-      "@g wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs(nacc)}}}, "
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs(nacc)}}}, "
       "%{nacc}, %{nacc + 1}, p, 1, 1, 0, 0;\\n}}\\n"
       : {outs}
-      : "l"(desc_a), "l"(desc_b), "r"(on));
+      : "l"(desc_a), "l"(desc_b));
 }}
 """
 
 
-def main():
+def text() -> str:
+    """wgmma.cuh as it must read."""
     pv = [e4m3_rs(n) + e4m3_rs_first(n) for n in (128, 136)]  # exp2; ExpCast's ones column
-    text = (HEADER + s8_ss_first(128) + s8_ss(128) + "".join(pv) + f16_rs(128) + f16_ss_if(128)
+    return (HEADER + s8_ss_first(128) + s8_ss(128) + "".join(pv) + f16_rs(128) + f16_ss(128)
             + "\n}  // namespace vc\n")
-    Path(__file__).with_name("wgmma_sm90.cuh").write_text(text)
+
+
+def main():
+    Path(__file__).with_name("wgmma.cuh").write_text(text())
 
 
 if __name__ == "__main__":

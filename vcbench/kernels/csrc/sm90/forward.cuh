@@ -1,7 +1,7 @@
 // The compiled VC-Attention forward kernel for Hopper (sm_90a): the host-side interface, plain
 // C++ (binding.cpp includes it too; .cuh so the package data carries it). No torch here:
-// binding.cpp checks tensors and fills ForwardArgs; vc_attention_sm90.cu builds the TMA
-// descriptors and launches.
+// binding.cpp checks tensors and fills ForwardArgs; launch.cu builds the TMA descriptors and
+// launches.
 #pragma once
 #include <stdint.h>
 
@@ -32,22 +32,18 @@ struct ForwardArgs {
   bool out_bf16;        // else fp16
   float expcast_bias;   // 120 + beta
   float log2_p_scale;   // exp2 path: log2 of the static P scale (256 for vc, 448 for sage2)
-  int variant;          // index into the .cu's VARIANT_NAMES
   void* stream;         // cudaStream_t
 };
 
-// KV tiles per V-Smooth mean product (one batch of means; compiled.MEAN_BATCH).
+// KV tiles per V-Smooth mean product (one batch of means; compiled.MEAN_BATCH). The kernel
+// reads the means blocked (compiled.blocked_means): whole batches of 16 tiles, zero-padded,
+// each as wgmma's K-major B operand.
 constexpr int MEAN_BATCH = 16;
-
-// The variants that read V-Smooth's means blocked (compiled.blocked_means: whole batches of 16
-// tiles, zero-padded, each as wgmma's K-major B operand) instead of (B, H, tiles, D) rows:
-// pingpong-2lvl-vs3s, pingpong-2lvl-vs3s-late and simple-3wg (compiled.BLOCKED_MEANS_VARIANTS).
-constexpr bool reads_blocked_means(int variant) { return variant >= 3; }
 
 // nullptr on success, else a message (static storage) saying what was refused or failed.
 const char* forward(const ForwardArgs& args);
 
-// One line per compiled variant: name, registers/thread at entry, dynamic shared memory.
+// One line per compiled instance: registers/thread at entry, local and dynamic shared memory.
 const char* describe();
 
 }  // namespace vc

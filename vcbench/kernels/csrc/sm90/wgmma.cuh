@@ -139,15 +139,14 @@ __device__ __forceinline__ void wgmma_f16_rs_n128(float (&d)[NACC], const uint32
 }
 
 // D(f32, 64x128) += A(f16, 64x16, shared memory, K-major, no swizzle) * B(f16, 16x128, shared
-// memory, K-major, no swizzle), issued only if `on` (the same value across the warpgroup) is
-// non-zero. D is the first 64 registers of d.
+// memory, K-major, no swizzle). Always accumulates; D is the first 64 registers of d.
 template <int NACC>
-__device__ __forceinline__ void wgmma_f16_ss_n128_if(float (&d)[NACC], uint64_t desc_a,
-                                                   uint64_t desc_b, int on) {
+__device__ __forceinline__ void wgmma_f16_ss_n128(float (&d)[NACC], uint64_t desc_a,
+                                                uint64_t desc_b) {
   static_assert(NACC >= 64, "accumulator too small");
   asm volatile(
-      "{\n.reg .pred p, g;\nsetp.ne.b32 p, 1, 0;\nsetp.ne.b32 g, %66, 0;\n"
-      "@g wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
       "%64, %65, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -157,7 +156,7 @@ __device__ __forceinline__ void wgmma_f16_ss_n128_if(float (&d)[NACC], uint64_t 
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(on));
+      : "l"(desc_a), "l"(desc_b));
 }
 
 }  // namespace vc

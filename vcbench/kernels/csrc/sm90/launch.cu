@@ -1,0 +1,168 @@
+// Host side of the compiled kernel: the TMA tensor maps of Q, K (rows permuted) and V^T, the
+// kernel's parameters, and the instance table (ExpCast or exp2 times V-Smooth or not) that
+// forward() launches from.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "forward.cuh"
+#include "mainloop.cuh"
+#include "traits.cuh"
+
+namespace vc {
+
+namespace {
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+thread_local char g_msg[512];
+
+const char* fail(const char* fmt, const char* a = "", long long b = 0) {
+  snprintf(g_msg, sizeof(g_msg), fmt, a, b);
+  return g_msg;
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point: no -lcuda at link time.
+EncodeTiled encode_fn() {
+  static EncodeTiled fn = nullptr;
+  if (fn == nullptr) {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
+                                         &status) == cudaSuccess &&
+        status == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<EncodeTiled>(ptr);
+  }
+  return fn;
+}
+
+// A u8 tensor map with 128-byte swizzle (every box's inner extent is 128 bytes).
+bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dims,
+              const cuuint64_t* strides, const cuuint32_t* box) {
+  EncodeTiled enc = encode_fn();
+  if (enc == nullptr) return false;
+  cuuint32_t elem[5] = {1, 1, 1, 1, 1};
+  return enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, const_cast<void*>(ptr), dims, strides, box,
+             elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Launch one instance with the shared memory its traits lay out.
+template <class T>
+const char* launch(const CUtensorMap (&maps)[4], const Params& prm, dim3 grid,
+                   cudaStream_t stream) {
+  constexpr auto kernel = vc_attention_kernel<T>;
+  // Per call (cheap): the attribute belongs to the current device.
+  cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::ALLOC);
+  if (e != cudaSuccess) return fail("cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+  kernel<<<grid, T::THREADS, T::ALLOC, stream>>>(maps[0], maps[1], maps[2], maps[3], prm);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return fail("kernel launch: %s", cudaGetErrorString(e));
+  return nullptr;
+}
+
+// One line of describe(): the instance's registers at entry, local and shared memory.
+template <class T>
+void describe_into(char* text, size_t len) {
+  char line[256];
+  cudaFuncAttributes at;
+  if (cudaFuncGetAttributes(&at, vc_attention_kernel<T>) != cudaSuccess)
+    snprintf(line, sizeof(line), "expcast=%d vsmooth=%d: cudaFuncGetAttributes failed\n",
+             T::EXPCAST, T::VSMOOTH);
+  else
+    snprintf(line, sizeof(line), "expcast=%d vsmooth=%d stages=%d: %d registers/thread at "
+             "entry, %zu B local, %d B dynamic shared memory\n",
+             T::EXPCAST, T::VSMOOTH, T::STAGES, at.numRegs, at.localSizeBytes, T::ALLOC);
+  strncat(text, line, len - strlen(text) - 1);
+}
+
+// The compiled instances, one per (P encoding, V-Smooth).
+struct Instance {
+  bool expcast, vsmooth;
+  const char* (*launch)(const CUtensorMap (&)[4], const Params&, dim3, cudaStream_t);
+  void (*describe)(char*, size_t);
+};
+template <bool EXPCAST, bool VSMOOTH>
+constexpr Instance instance() {
+  using T = Traits<EXPCAST, VSMOOTH>;
+  return {EXPCAST, VSMOOTH, launch<T>, describe_into<T>};
+}
+constexpr Instance INSTANCES[] = {instance<true, true>(), instance<false, true>(),
+                                  instance<true, false>(), instance<false, false>()};
+// The CTA shape is the same in every instance (forward's grid and Q's box).
+constexpr int BM = Traits<true, true>::BM;
+static_assert(BM == Traits<false, false>::BM, "one CTA shape");
+
+}  // namespace
+
+const char* forward(const ForwardArgs& a) {
+  if (a.n < 1 || a.n_pad % BN != 0 || a.n_pad < a.n || a.n_pad - a.n >= BN)
+    return fail("bad sequence lengths%s (n_pad %lld)", "", a.n_pad);
+  if (a.q_rows < 16 || 128 % a.q_rows != 0)
+    return fail("q_rows must divide 128 and be at least 16%s, got %lld", "", a.q_rows);
+  const long long bh = static_cast<long long>(a.batch) * a.heads;
+  if (bh < 1 || bh > 65535) return fail("batch x heads out of range%s: %lld", "", bh);
+
+  CUtensorMap maps[4];
+  const cuuint64_t rows = static_cast<cuuint64_t>(bh) * a.n_pad;
+  {  // Q: (B*H*n_pad rows, 128 bytes), box of a CTA's rows
+    const cuuint64_t dims[2] = {D, rows};
+    const cuuint64_t strides[1] = {D};
+    const cuuint32_t box[2] = {D, static_cast<cuuint32_t>(BM)};
+    if (!make_map(&maps[0], a.q, 2, dims, strides, box)) return fail("tensor map for Q failed%s");
+  }
+  {  // K, permuted rows: dims (channel, key bit 0, key pair in 4, group of 16 keys); the second
+     // map starts two keys further, so it reads keys 16G + 4q + {2, 3}
+    const cuuint64_t dims[4] = {D, 2, 4, rows / 16};
+    const cuuint64_t strides[3] = {D, 4 * D, 16 * D};
+    const cuuint32_t box[4] = {D, 2, 4, 8};
+    if (!make_map(&maps[1], a.k, 4, dims, strides, box) ||
+        !make_map(&maps[2], static_cast<const uint8_t*>(a.k) + 2 * D, 4, dims, strides, box))
+      return fail("tensor map for K failed%s");
+  }
+  {  // V^T: (B*H*128 channel rows, n_pad keys), box 128 x 128
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.n_pad), static_cast<cuuint64_t>(bh) * D};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(a.n_pad)};
+    const cuuint32_t box[2] = {BN, D};
+    if (!make_map(&maps[3], a.v_t, 2, dims, strides, box)) return fail("tensor map for V failed%s");
+  }
+  Params prm;
+  prm.q_scale = a.q_scale;
+  prm.k_scale = a.k_scale;
+  prm.v_scale = a.v_scale;
+  prm.v_mean = static_cast<const __half*>(a.v_mean);
+  prm.out = a.out;
+  prm.out_sb = a.out_sb;
+  prm.out_sh = a.out_sh;
+  prm.out_sn = a.out_sn;
+  prm.heads = a.heads;
+  prm.n = a.n;
+  prm.n_pad = a.n_pad;
+  prm.n_tiles = a.n_pad / BN;
+  prm.q_rows = a.q_rows;
+  prm.out_bf16 = a.out_bf16 ? 1 : 0;
+  prm.expcast_bias = a.expcast_bias;
+  prm.log2_p_scale = a.log2_p_scale;
+  prm.desc_zero = 0;
+  const bool vsmooth = a.v_mean != nullptr;
+  const dim3 grid((a.n_pad + BM - 1) / BM, static_cast<unsigned>(bh));
+  for (const Instance& k : INSTANCES)
+    if (k.expcast == a.expcast && k.vsmooth == vsmooth)
+      return k.launch(maps, prm, grid, static_cast<cudaStream_t>(a.stream));
+  return fail("no instance%s");
+}
+
+const char* describe() {
+  static char text[2048];
+  text[0] = 0;
+  for (const Instance& k : INSTANCES) k.describe(text, sizeof(text));
+  return text;
+}
+
+}  // namespace vc
