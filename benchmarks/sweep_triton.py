@@ -1,4 +1,4 @@
-"""Device script: the Triton kernel's implementation switches and launch configs, timed at one
+"""Device script: the Triton kernel's launch configs, timed at one
 shape with triton.testing.do_bench (median), BF16 cuDNN SDPA (and FA4 when importable) beside.
 Usage: PYTHONPATH=. python3 benchmarks/sweep_triton.py [--shape wan22-720p] [--quick]
        [--configs 8x3,8x2] [--baseline OLD.py]: OLD.py, an earlier attention.py with the same
@@ -43,12 +43,8 @@ def main():
     rows.append(("bf16", gpu.implementation(get_method("bf16")), base))
     if gpu.flash_attn4() is not None:
         rows.append(("bf16", "cudnn-sdpa", bench(cudnn, args.quick)))
-    variants = {  # the implementation switches; the launch configs below
-        "sage2-8bit": [dict(pv_two_level=t) for t in (True, False)],
-        "fp8-fa4": [dict()],
-        "vc-8bit-vsmooth": [dict(mean_mma=mm, pv_two_level=t) for mm in (1, 2) for t in (True, False)],
-        "vc-8bit": [dict(mean_mma=mm, pv_two_level=t) for mm in (1, 2) for t in (True, False)],
-    }
+    variants = {name: [dict()] for name in ("sage2-8bit", "fp8-fa4", "vc-8bit-vsmooth",
+                                             "vc-8bit", "vc-8bit-fp8qk")}
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     baseline = None
     if args.baseline:

@@ -16,26 +16,22 @@ of the score, so a P code can differ by one where the exponent sits on a roundin
 which the GPU tests' output tolerance covers. Full KV tiles run unmasked; only the last tile,
 which holds the padded keys, is masked.
 
-Constexpr switches select the method: QK_INT8 (sage2 / vc) or FP8 (fp8-fa4), EXPCAST,
-VSMOOTH, V_PER_TILE (fp8-fa4's per-block V scale, applied per tile). Implementation
-switches, each an A/B measured in docs/perf.md:
-  INT_CVT (INT8 scores to FP32): 0 converts (I2F, a quarter-rate instruction on Hopper); 1 adds
-    the bits of 1.5 * 2^23, reads the sum as FP32 and subtracts 1.5 * 2^23 (exact for
-    |raw| < 2^22, i.e. D <= 256). Folding that subtraction into the FMA's constant would save
-    one more add but cancels ~0.75 ulp of 2^23 * c: measured, it flips P codes enough to move
-    the output by 4e-3 relative L2 (TRITON_INTERPRET, no FMA), so it is not done.
-  ROWSUM (ExpCast's row sum): 0 converts the bytes to FP32 and adds; 1 rebuilds the FP32 bits
-    from the integer code with shifts (normal codes) and one multiply (subnormal codes); 2 has
-    the tensor core add them (P times a tile of ones).
-  PV_TWO_LEVEL (how P V accumulates): True gives each tile's FP8 product its own MMA
-    accumulator and adds it to the FP32 accumulator, as the emulation accumulates; False
-    chains every tile's MMA into one accumulator, which Hopper's FP8 MMA truncates at each step
-    (13 mantissa bits kept): measured 4.7e-2 vs 4.2e-2 error against FP64 at the Wan2.2 shape
-    (N = 75600), invisible at the test's N <= 4133 under the general tolerance rule.
-  MEAN_MMA (V-Smooth's rank-one term): 0 one FMA per accumulator element on the CUDA cores;
-    1 a K=16 FP16 MMA of [r, 0...] by [mean; 0...] per tile, which rounds r to FP16; 2 keeps
-    the row sums of 16 tiles (rescaled by alpha like the accumulator) and their means in
-    registers and adds them with one K=16 FP16 MMA per 16 tiles.
+Constexpr switches select the method: QK_INT8 (sage2 / vc) or FP8 (fp8-fa4, vc-8bit-fp8qk),
+EXPCAST, VSMOOTH, V_PER_TILE (fp8-fa4's per-block V scale, applied per tile). How each piece is
+computed, with the measured alternatives (docs/perf.md):
+  INT8 scores to FP32: the bits of 1.5 * 2^23 added as an integer, the sum read as FP32, 1.5 *
+    2^23 subtracted (exact for |raw| < 2^22, i.e. D <= 256): no I2F, a quarter-rate instruction
+    on Hopper. Folding the subtraction into the FMA's constant would cancel ~0.75 ulp of
+    2^23 * c and move the output by 4e-3, so it is not done.
+  ExpCast's row sum: the bytes converted to FP32 and added (rebuilding the bits by shifts, or a
+    tile of ones on the tensor core, were slower).
+  PV: each tile's FP8 product in its own MMA accumulator, added to the FP32 one, as the
+    emulation accumulates. One chained accumulator is 13% faster for vc-8bit but Hopper's FP8
+    MMA truncates it at every step (13 mantissa bits): 4.7e-2 against 4.2e-2 error vs FP64 at
+    N = 75600.
+  V-Smooth's rank-one term: the row sums of 16 tiles (rescaled by alpha like the accumulator)
+    and their means kept in registers, added by one K=16 FP16 MMA per 16 tiles (one FMA per
+    element, or one MMA per tile, were slower).
 """
 
 from __future__ import annotations
@@ -51,11 +47,10 @@ MAGIC_INT = tl.constexpr(0x4B400000)  # the bits of MAGIC_ROUND: int + MAGIC_INT
 
 @triton.jit
 def _kv_tile(acc, m_i, l_i, rbuf, mbuf, q, score_scale, K, VT, KS, VS, VM, bh, j, n_k,
-             n_k_pad, n_tiles, expcast_bias, QK_INT8: tl.constexpr, INT_CVT: tl.constexpr,
-             EXPCAST: tl.constexpr, ROWSUM: tl.constexpr, LOG2_P_SCALE: tl.constexpr,
-             VSMOOTH: tl.constexpr, V_PER_TILE: tl.constexpr, MEAN_MMA: tl.constexpr,
-             PV_TWO_LEVEL: tl.constexpr, MASK: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, D: tl.constexpr):
+             n_k_pad, n_tiles, expcast_bias, QK_INT8: tl.constexpr, EXPCAST: tl.constexpr,
+             LOG2_P_SCALE: tl.constexpr, VSMOOTH: tl.constexpr, V_PER_TILE: tl.constexpr,
+             MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             D: tl.constexpr):
     """One KV tile of the online softmax; MASK only for the tile that holds padded keys."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
@@ -69,10 +64,8 @@ def _kv_tile(acc, m_i, l_i, rbuf, mbuf, q, score_scale, K, VT, KS, VS, VM, bh, j
             row_max = tl.max(tl.where(keep, raw, -2147483647), 1).to(tl.float32)
         else:
             row_max = tl.max(raw, 1).to(tl.float32)  # an integer max, one convert per row
-        if INT_CVT == 1:  # |raw| < 2^22: an integer add and an exact FP32 subtract, no I2F
-            s = (raw + MAGIC_INT).to(tl.float32, bitcast=True) - MAGIC_ROUND
-        else:
-            s = raw.to(tl.float32)
+        # |raw| < 2^22: an integer add and an exact FP32 subtract, no I2F
+        s = (raw + MAGIC_INT).to(tl.float32, bitcast=True) - MAGIC_ROUND
     else:
         s = tl.dot(q, tl.trans(k))
         row_max = tl.max(tl.where(keep, s, float("-inf")), 1) if MASK else tl.max(s, 1)
@@ -85,14 +78,7 @@ def _kv_tile(acc, m_i, l_i, rbuf, mbuf, q, score_scale, K, VT, KS, VS, VM, bh, j
         # t <= 120 + beta < 120.5 by construction; below 0 the code underflows to 0.
         code = (tl.maximum(t, 0.0) + MAGIC_ROUND).to(tl.int32, bitcast=True) & 0xFF
         p = code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
-        if ROWSUM == 0:
-            r = tl.sum(p.to(tl.float32), 1)
-        elif ROWSUM == 2:
-            ones = tl.full([BLOCK_N, 16], 1.0, tl.float32).to(tl.float8e4nv)
-            r = tl.max(tl.dot(p, ones), 1)
-        else:
-            normal = ((code + 960) << 20).to(tl.float32, bitcast=True)
-            r = tl.sum(tl.where(code >= 8, normal, code.to(tl.float32) * 0.001953125), 1)
+        r = tl.sum(p.to(tl.float32), 1)
     else:
         # exp2(S - m + log2 P_SCALE) with S = s*c: one FMA, the P scale in the constant.
         x = s * c[:, None] + (LOG2_P_SCALE - m_new)[:, None]
@@ -104,30 +90,17 @@ def _kv_tile(acc, m_i, l_i, rbuf, mbuf, q, score_scale, K, VT, KS, VS, VM, bh, j
     vt = tl.load(VT + key0 + offs_d.to(tl.int64)[:, None] * n_k_pad + offs_n[None, :])
     if V_PER_TILE:
         acc = acc * alpha[:, None] + tl.dot(p, tl.trans(vt)) * tl.load(VS + bh * n_tiles + j)
-    elif PV_TWO_LEVEL:  # the tile's product on its own, then added in FP32
+    else:  # the tile's product on its own, then added in FP32
         acc = acc * alpha[:, None] + tl.dot(p, tl.trans(vt))
-    else:
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p, tl.trans(vt), acc)
-    if VSMOOTH:
-        if MEAN_MMA == 2:  # r and the mean into column / row j % 16; one MMA per 16 tiles
-            k16 = tl.arange(0, 16)
-            col = j % 16
-            rbuf = tl.where(k16[None, :] == col, r[:, None], rbuf * alpha[:, None])
-            mu = tl.load(VM + (bh * n_tiles + j) * D + offs_d)
-            mbuf = tl.where(k16[:, None] == col, mu[None, :], mbuf)
-            if col == 15:
-                acc = tl.dot(rbuf.to(tl.float16), mbuf, acc)
-                rbuf = tl.zeros_like(rbuf)
-        elif MEAN_MMA == 1:
-            k16 = tl.arange(0, 16)
-            r_col = tl.where(k16[None, :] == 0, r[:, None], 0.0).to(tl.float16)
-            mu_row = tl.load(VM + (bh * n_tiles + j) * D + k16[:, None] * 0 + offs_d[None, :])
-            mu_row = tl.where(k16[:, None] == 0, mu_row, 0.0).to(tl.float16)
-            acc = tl.dot(r_col, mu_row, acc)
-        else:
-            mu = tl.load(VM + (bh * n_tiles + j) * D + offs_d).to(tl.float32)
-            acc += r[:, None] * mu[None, :]
+    if VSMOOTH:  # r and the mean into column / row j % 16; one MMA per 16 tiles
+        k16 = tl.arange(0, 16)
+        col = j % 16
+        rbuf = tl.where(k16[None, :] == col, r[:, None], rbuf * alpha[:, None])
+        mu = tl.load(VM + (bh * n_tiles + j) * D + offs_d)
+        mbuf = tl.where(k16[:, None] == col, mu[None, :], mbuf)
+        if col == 15:
+            acc = tl.dot(rbuf.to(tl.float16), mbuf, acc)
+            rbuf = tl.zeros_like(rbuf)
     l_i = l_i * alpha + r
     return acc, m_new, l_i, rbuf, mbuf
 
@@ -135,11 +108,9 @@ def _kv_tile(acc, m_i, l_i, rbuf, mbuf, q, score_scale, K, VT, KS, VS, VM, bh, j
 @triton.jit
 def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H, m_blocks,
                    stride_ob, stride_oh, stride_on, expcast_bias,
-                   QK_INT8: tl.constexpr, INT_CVT: tl.constexpr, Q_ROWS: tl.constexpr,
-                   EXPCAST: tl.constexpr, ROWSUM: tl.constexpr, LOG2_P_SCALE: tl.constexpr,
-                   VSMOOTH: tl.constexpr, V_PER_TILE: tl.constexpr, MEAN_MMA: tl.constexpr,
-                   PV_TWO_LEVEL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   D: tl.constexpr):
+                   QK_INT8: tl.constexpr, Q_ROWS: tl.constexpr, EXPCAST: tl.constexpr,
+                   LOG2_P_SCALE: tl.constexpr, VSMOOTH: tl.constexpr, V_PER_TILE: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
     # A 1-D grid, query blocks fastest (the order of the 2-D grid it replaces, so a head's K
     # and V stay hot in L2); bh and the per-(batch, head) bases are 64-bit: an operand of a
     # Wan2.2 1080p call holds 3.5e9 elements.
@@ -165,21 +136,21 @@ def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    rbuf = tl.zeros([BLOCK_M, 16], tl.float32)  # MEAN_MMA == 2: pending row sums, rescaled
+    rbuf = tl.zeros([BLOCK_M, 16], tl.float32)  # V-Smooth: pending row sums, rescaled
     mbuf = tl.zeros([16, D], tl.float16)  # ... and the means they multiply
     # Full tiles without a mask; the tile that holds padded keys (if any) after them.
     for j in range(0, n_full):
         acc, m_i, l_i, rbuf, mbuf = _kv_tile(
             acc, m_i, l_i, rbuf, mbuf, q, q_scale, K, VT, KS, VS, VM, bh, j, n_k, n_k_pad,
-            n_tiles, expcast_bias, QK_INT8, INT_CVT, EXPCAST, ROWSUM, LOG2_P_SCALE, VSMOOTH,
-            V_PER_TILE, MEAN_MMA, PV_TWO_LEVEL, False, BLOCK_M, BLOCK_N, D)
+            n_tiles, expcast_bias, QK_INT8, EXPCAST, LOG2_P_SCALE, VSMOOTH, V_PER_TILE, False,
+            BLOCK_M, BLOCK_N, D)
     if n_full < n_tiles:
         acc, m_i, l_i, rbuf, mbuf = _kv_tile(
             acc, m_i, l_i, rbuf, mbuf, q, q_scale, K, VT, KS, VS, VM, bh, n_full, n_k, n_k_pad,
-            n_tiles, expcast_bias, QK_INT8, INT_CVT, EXPCAST, ROWSUM, LOG2_P_SCALE, VSMOOTH,
-            V_PER_TILE, MEAN_MMA, PV_TWO_LEVEL, True, BLOCK_M, BLOCK_N, D)
+            n_tiles, expcast_bias, QK_INT8, EXPCAST, LOG2_P_SCALE, VSMOOTH, V_PER_TILE, True,
+            BLOCK_M, BLOCK_N, D)
 
-    if VSMOOTH and MEAN_MMA == 2:  # what the last, incomplete group of 16 tiles left
+    if VSMOOTH:  # what the last, incomplete group of 16 tiles left
         acc = tl.dot(rbuf.to(tl.float16), mbuf, acc)
     if not V_PER_TILE:
         acc = acc * tl.load(VS + bh * D + offs_d)[None, :]
@@ -190,14 +161,12 @@ def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
 
 
 def launch(ops, out, *, qk_int8: bool, q_rows: int, expcast: bool, p_scale: float,
-           vsmooth: bool, v_per_tile: bool, expcast_bias: float = 119.65, rowsum: int = 0,
-           mean_mma: int = 2, int_cvt: int = 1, pv_two_level: bool = True, block_m: int = 128,
+           vsmooth: bool, v_per_tile: bool, expcast_bias: float = 119.65, block_m: int = 128,
            block_n: int = 128, num_warps: int = 8, num_stages: int = 3):
     """Run the kernel on prepared operands (`vcbench.kernels.gpu.GpuOperands`); out is
-    (B, H, N, D) in the input's dtype, any strides with a unit last stride. The defaults are
-    the fastest measured on the H200 at the Wan2.2 shape (docs/perf.md, 2026-11-30), except
-    pv_two_level: it keeps the emulation's accumulation at long N and costs 13% for vc-8bit
-    (195.3 vs 172.5 ms), 3% for vc-8bit-vsmooth."""
+    (B, H, N, D) in the input's dtype, any strides with a unit last stride. The launch
+    configuration's defaults are the fastest measured on the H200 at the Wan2.2 shape
+    (benchmarks/sweep_triton.py)."""
     b, h, n_q_pad, d = ops.q.shape
     m_blocks = triton.cdiv(ops.n, block_m)
     _attention_fwd[(m_blocks * b * h,)](
@@ -205,10 +174,7 @@ def launch(ops, out, *, qk_int8: bool, q_rows: int, expcast: bool, p_scale: floa
         ops.v_mean if vsmooth else ops.v_scale, out,
         ops.n, ops.n, n_q_pad, ops.k.shape[2], h, m_blocks,
         out.stride(0), out.stride(1), out.stride(2), expcast_bias,
-        QK_INT8=qk_int8, INT_CVT=int_cvt, Q_ROWS=q_rows, EXPCAST=expcast, ROWSUM=rowsum,
-        LOG2_P_SCALE=math.log2(p_scale),
-        VSMOOTH=vsmooth, V_PER_TILE=v_per_tile, MEAN_MMA=mean_mma,
-        PV_TWO_LEVEL=pv_two_level, BLOCK_M=block_m,
-        BLOCK_N=block_n, D=d,
+        QK_INT8=qk_int8, Q_ROWS=q_rows, EXPCAST=expcast, LOG2_P_SCALE=math.log2(p_scale),
+        VSMOOTH=vsmooth, V_PER_TILE=v_per_tile, BLOCK_M=block_m, BLOCK_N=block_n, D=d,
         num_warps=num_warps, num_stages=num_stages)
     return out
