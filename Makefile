@@ -44,7 +44,7 @@ test: $(SETUP)
 	$(PYTHON) -m pytest -q
 
 lint: $(SETUP)
-	$(PYTHON) -m ruff check vcbench tests
+	$(PYTHON) -m ruff check vcbench tests benchmarks
 
 # The compiled VC-Attention kernel for Hopper (vcbench/kernels/csrc): built into
 # ~/.cache/vcbench/kernels (VCBENCH_KERNEL_CACHE) on a machine with nvcc and a CUDA torch.

@@ -6,7 +6,7 @@ HND and NHD tensors, (B, N, H, D) memory seen through a transpose, and slices of
 projection (non-unit strides in every dim but the last), in bf16 and fp16, with batch > 1 of
 different content. The emulation is what CI runs; the Triton kernels are held to the same
 properties under Triton's interpreter in test_triton_interpreted.py, and on the GPU by
-benchmarks/reliability.py.
+benchmarks/checks/reliability.py.
 """
 
 import pytest

@@ -1,4 +1,4 @@
-"""The checks of benchmarks/torchrun_proof.sh (torchrun_proof_check.py) on run folders made up
+"""The checks of benchmarks/torchrun/torchrun_proof.sh (torchrun_proof_check.py) on run folders made up
 here: the script itself needs 2 GPUs (its --cpu rehearsal is in docs/pipelines.md)."""
 
 import hashlib
@@ -15,7 +15,7 @@ METHODS, PROMPTS, SEEDS = ["bf16", "fp8-fa4"], ["fox", "sea"], [0, 1]
 
 @pytest.fixture(scope="module")
 def check():
-    spec = importlib.util.spec_from_file_location("torchrun_proof_check", ROOT / "benchmarks/torchrun_proof_check.py")
+    spec = importlib.util.spec_from_file_location("torchrun_proof_check", ROOT / "benchmarks/torchrun/torchrun_proof_check.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -3,7 +3,7 @@
 Outside torchrun (no WORLD_SIZE) everything is one process and nothing is initialised. The
 process group only serves rank 0's word on the run folder's lock and the final barrier: NCCL when CUDA is present (each rank bound to the
 GPU of its LOCAL_RANK before the group exists, so the barrier runs there and not on GPU 0),
-gloo otherwise. benchmarks/torchrun_proof.sh checks both on a 2-GPU machine.
+gloo otherwise. benchmarks/torchrun/torchrun_proof.sh checks both on a 2-GPU machine.
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ class PositionedPatchEmbedding(nn.Conv3d):
     so from pure noise (sigma 1, where the sampler starts) every token of the toy model looked
     alike and its x_0 estimate could not put the shape earlier on the left and later on the
     right: run 4 learned colour, but its estimates moved the same with the caption's direction
-    word swapped (benchmarks/toywan_direction.py). Zero as constructed (`add_positions` draws a
+    word swapped (benchmarks/toywan/toywan_direction.py). Zero as constructed (`add_positions` draws a
     new model's). 128 x (8 + 16 + 16) values."""
 
     MAX = (8, 16, 16)

@@ -83,7 +83,7 @@ def motion_loss(vae, x0_hat: torch.Tensor, colour: torch.Tensor, true_centres: t
 
     Why: run 4 (H200, 14k steps) learned colour but not direction, and its x_0 estimates move
     the shape exactly as much with the caption's direction word swapped for its opposite as
-    with the right one, at every noise level (benchmarks/toywan_direction.py): below sigma
+    with the right one, at every noise level (benchmarks/toywan/toywan_direction.py): below sigma
     ~0.97 the noisy clip itself shows the trajectory, and above it the pixel loss gains little
     from the word (a blur shifted a little per frame) next to the background's error. This
     term puts a clip-level number on where the shape is in each frame, so the word that
@@ -229,7 +229,7 @@ def train(out: Path, steps: int = 6000, batch: int = 64, lr: float = 1e-3, seed:
         with autocast:
             return forward(xt, timestep=s * 1000, encoder_hidden_states=text(ids), return_dict=False)[0]
 
-    phase = torch.profiler.record_function  # labels for benchmarks/profile_toywan.py
+    phase = torch.profiler.record_function  # labels for benchmarks/toywan/profile_toywan.py
     for k in range(steps):
         if cuda and k in (2, 3):  # one step (after the first two) warns at any host sync
             torch.cuda.set_sync_debug_mode("warn" if k == 2 else "default")

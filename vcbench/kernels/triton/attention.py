@@ -166,7 +166,7 @@ def launch(ops, out, *, qk_int8: bool, q_rows: int, expcast: bool, p_scale: floa
     """Run the kernel on prepared operands (`vcbench.kernels.gpu.GpuOperands`); out is
     (B, H, N, D) in the input's dtype, any strides with a unit last stride. The launch
     configuration's defaults are the fastest measured on the H200 at the Wan2.2 shape
-    (benchmarks/sweep_triton.py)."""
+    (benchmarks/timing/sweep_triton.py)."""
     b, h, n_q_pad, d = ops.q.shape
     m_blocks = triton.cdiv(ops.n, block_m)
     _attention_fwd[(m_blocks * b * h,)](

@@ -1,10 +1,10 @@
-"""Summarise Nsight Compute exports of the compiled kernel (benchmarks/ncu_profile.sh): per
+"""Summarise Nsight Compute exports of the compiled kernel (benchmarks/sm90/ncu_profile.sh): per
 report, the duration, issue activity, the busiest pipes and the top warp-stall reasons (from
 `ncu --page raw --csv`), and the SASS lines with the most stall samples and each opcode's share
 of the samples beside its share of the executed instructions (from `ncu --page source --csv
 --print-source sass`, when that export exists). Pure text in, text out: it runs anywhere.
 
-Usage: python3 benchmarks/ncu_summary.py DIR   (DIR holds raw-TAG.csv and optionally sass-TAG.csv)
+Usage: python3 benchmarks/sm90/ncu_summary.py DIR   (DIR holds raw-TAG.csv and optionally sass-TAG.csv)
 """
 
 import csv

@@ -4,8 +4,8 @@
 # launch per plan (the second: the first loads and warms up), --set full, clocks left alone
 # (METHOD.md); longcat-480p by default (the same per-tile work as wan22-720p, a quarter of the
 # time per replay pass). Exports the raw metrics and the SASS source page as CSV, prints
-# benchmarks/ncu_summary.py's digest, and packs the CSVs into $OUT/ncu-csv.tar.xz.
-# Usage (repo root, PYTHONPATH=.; builds the kernel if needed): bash benchmarks/ncu_profile.sh [SHAPE]
+# benchmarks/sm90/ncu_summary.py's digest, and packs the CSVs into $OUT/ncu-csv.tar.xz.
+# Usage (repo root, PYTHONPATH=.; builds the kernel if needed): bash benchmarks/sm90/ncu_profile.sh [SHAPE]
 # NCU_METHODS="vc-8bit vc-8bit/no-vsmooth" profiles only those plans (default: the four below).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -25,7 +25,7 @@ for m in ${NCU_METHODS:-vc-8bit vc-8bit/no-vsmooth vc-8bit-vsmooth vc-8bit-vsmoo
   t0=$(date +%s)
   timeout -s KILL 150 "$NCU" --clock-control none -k regex:vc_attention_kernel --launch-skip 1 \
     --launch-count 1 --set full --import-source no -f -o "/tmp/ncu/$tag" \
-    python3 benchmarks/ncu_kernel.py --method "$m" --shape "$SHAPE" > "/tmp/ncu/$tag.log" 2>&1
+    python3 benchmarks/sm90/ncu_kernel.py --method "$m" --shape "$SHAPE" > "/tmp/ncu/$tag.log" 2>&1
   echo "$m: ncu rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E "launches|Error|error" /tmp/ncu/$tag.log | head -n 3)"
   "$NCU" -i "/tmp/ncu/$tag.ncu-rep" --page raw --csv --print-units base > "/tmp/ncu/raw-$tag.csv" 2> "/tmp/ncu/raw-$tag.err" \
     || tail -n 3 "/tmp/ncu/raw-$tag.err"
@@ -33,4 +33,4 @@ for m in ${NCU_METHODS:-vc-8bit vc-8bit/no-vsmooth vc-8bit-vsmooth vc-8bit-vsmoo
     2> "/tmp/ncu/sass-$tag.err" || { tail -n 3 "/tmp/ncu/sass-$tag.err"; rm -f "/tmp/ncu/sass-$tag.csv"; }
 done
 (cd /tmp/ncu && tar cJf "$OUT/ncu-csv.tar.xz" raw-*.csv sass-*.csv *.log 2>/dev/null)
-python3 benchmarks/ncu_summary.py /tmp/ncu | tee "$OUT/ncu-summary.txt"
+python3 benchmarks/sm90/ncu_summary.py /tmp/ncu | tee "$OUT/ncu-summary.txt"

@@ -7,7 +7,7 @@ equal V itself); (2) Q = 0: uniform attention (every P code the row maximum's); 
 inputs, with the relative error reported per group of 16 query rows (one warp of a consumer
 warpgroup) and per 8 channels when a case is bad, so a wrong index shows as a pattern. Each
 case prints before it launches, so a hang names itself.
-Usage: python3 benchmarks/compiled_smoke.py [--n N]  (exit 1 if a case is bad)
+Usage: python3 benchmarks/sm90/compiled_smoke.py [--n N]  (exit 1 if a case is bad)
 """
 
 import argparse

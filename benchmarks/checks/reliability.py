@@ -2,7 +2,7 @@
 DiT hands it, and with a NaN in one head. One call on the H200 (about 6 minutes):
 
     PYTHONPATH=. python -m vcbench.kernels.compiled build     # the compiled kernel, if nvcc
-    PYTHONPATH=. python benchmarks/reliability.py --out $OUT   # --quick: a smoke run
+    PYTHONPATH=. python benchmarks/checks/reliability.py --out $OUT   # --quick: a smoke run
 
 (FA4 for the bf16 rows: install it first as ../shared/device/README.md says; cuDNN otherwise.)
 

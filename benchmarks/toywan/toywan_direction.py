@@ -1,6 +1,6 @@
 """How much of the clip's motion a ToyWan model's x_0 estimate holds, noise level by noise level.
 
-    python benchmarks/toywan_direction.py WEIGHTS [WEIGHTS ...] [--clips 32 --sigmas 0.95,0.8,0.6,0.4]
+    python benchmarks/toywan/toywan_direction.py WEIGHTS [WEIGHTS ...] [--clips 32 --sigmas 0.95,0.8,0.6,0.4]
 
 On one fixed batch of training-like clips (ToyVideo(99), noise seed 1) the clips are noised
 to each sigma and the model's x_0 estimate (one forward, the caption given, no CFG) is decoded.

@@ -1,6 +1,6 @@
 """Device script: the Triton kernel's launch configs, timed at one
 shape with triton.testing.do_bench (median), BF16 cuDNN SDPA (and FA4 when importable) beside.
-Usage: PYTHONPATH=. python3 benchmarks/sweep_triton.py [--shape wan22-720p] [--quick]
+Usage: PYTHONPATH=. python3 benchmarks/timing/sweep_triton.py [--shape wan22-720p] [--quick]
        [--configs 8x3,8x2] [--baseline OLD.py]: OLD.py, an earlier attention.py with the same
        `launch`, is timed on the same operands for an A/B in one run."""
 

@@ -1,8 +1,8 @@
 """Device script: launch the compiled kernel a few times for one plan, for Nsight Compute to
-profile one of the launches (benchmarks/ncu_profile.sh skips the first). Random normal bf16
+profile one of the launches (benchmarks/sm90/ncu_profile.sh skips the first). Random normal bf16
 inputs of a timeit preset.
 
-Usage: PYTHONPATH=. python3 benchmarks/ncu_kernel.py --method vc-8bit[/no-vsmooth]
+Usage: PYTHONPATH=. python3 benchmarks/sm90/ncu_kernel.py --method vc-8bit[/no-vsmooth]
        [--shape longcat-480p] [--launches 2]
 """
 

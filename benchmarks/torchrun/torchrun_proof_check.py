@@ -1,4 +1,4 @@
-"""Checks for benchmarks/torchrun_proof.sh (plain Python + stdlib: runs where only torch is).
+"""Checks for benchmarks/torchrun/torchrun_proof.sh (plain Python + stdlib: runs where only torch is).
 
 Reads the distributed preflight files, a single-process run folder and a sharded run folder of
 `vcbench generate`, and prints a PASS/FAIL table:

@@ -2,10 +2,10 @@
 # Device script: A/B/C... of whole kernel sources in one call. Each given folder replaces
 # vcbench/kernels/csrc (the kernel is several files) in its own copy of the tree and is built
 # into its own kernel cache (in parallel); every source after the first is checked by
-# tests/test_gpu_compiled.py; then benchmarks/compiled_timeit.py (--skip-triton) runs each
+# tests/test_gpu_compiled.py; then benchmarks/sm90/compiled_timeit.py (--skip-triton) runs each
 # copy in turn, twice (A B C A B C), each process with its own BF16 row, so drift across the
 # call shows. Prints a table of ms and each source's mean over A's.
-# Usage (repo root; FA4 optional): bash benchmarks/kernel_ab.sh A_CSRC B_CSRC [C_CSRC ...]
+# Usage (repo root; FA4 optional): bash benchmarks/sm90/kernel_ab.sh A_CSRC B_CSRC [C_CSRC ...]
 #   METHODS=vc-8bit,vc-8bit/no-vsmooth (default) WINDOW=2 TESTS=1
 # (A = HEAD's sources, for instance: git archive HEAD vcbench/kernels/csrc | tar x -C a, then
 # a/vcbench/kernels/csrc.)
@@ -35,7 +35,7 @@ if [ "$TESTS" = 1 ]; then for X in ${names#* A}; do
 done; fi
 for r in 1 2; do for X in $names; do
   (cd "$WORK/$X" && VCBENCH_KERNEL_CACHE=$WORK/k$X PYTHONPATH=$WORK/$X timeout 200 \
-     python3 benchmarks/compiled_timeit.py --skip-triton --methods "$METHODS" \
+     python3 benchmarks/sm90/compiled_timeit.py --skip-triton --methods "$METHODS" \
      --warmup-s "$WINDOW" --window-s "$WINDOW" --json "$WORK/t$X$r.json" > "$WORK/t$X$r.txt" 2>&1) \
     || echo "timeit $X$r failed: $(tail -3 "$WORK/t$X$r.txt")"
 done; done

@@ -3,14 +3,14 @@
 # items over 2 GPUs: every item made once, by the rank that owns it, on that rank's own GPU, with
 # the same frames as a single-process run.
 #
-#   benchmarks/torchrun_proof.sh            # 2 CUDA GPUs: NCCL, rank r on cuda:r
-#   benchmarks/torchrun_proof.sh --cpu      # the same steps with gloo on the CPU (rehearsal)
+#   benchmarks/torchrun/torchrun_proof.sh            # 2 CUDA GPUs: NCCL, rank r on cuda:r
+#   benchmarks/torchrun/torchrun_proof.sh --cpu      # the same steps with gloo on the CPU (rehearsal)
 #
 # Runs from the source tree (PYTHONPATH=. is set here; diffusers may come from PYTHONPATH set by
 # the caller), needs torch and what `python3 -m vcbench generate --model tiny-wan` needs, nothing
 # more. Steps: (1) a distributed preflight under torchrun (backend, device per rank, all-reduce),
 # (2) a single-process run on one device, (3) the sharded run under torchrun, with nvidia-smi
-# sampled meanwhile, (4) benchmarks/torchrun_proof_check.py prints the PASS/FAIL table.
+# sampled meanwhile, (4) benchmarks/torchrun/torchrun_proof_check.py prints the PASS/FAIL table.
 # Environment: PYTHON (python3), WORK (a new temp dir), NPROC (2), METHODS (bf16,fp8-fa4,vc-8bit),
 # SEEDS (0,1), BACKEND (emulate), CLIP (generate's --steps/--frames/--height/--width),
 # STRICT=1 to require equal frames for every method (bf16 is always required).
@@ -33,7 +33,7 @@ else
   CLIP=${CLIP:-"--steps 12 --frames 9 --height 256 --width 256"}  # tiny-wan's defaults
   SINGLE_DEVICE=cuda:0
 fi
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/vcbench-torchrun-proof.XXXXXX")}
@@ -106,5 +106,5 @@ if [[ -n $SMI ]]; then kill "$SMI_PID" 2>/dev/null || true; wait "$SMI_PID" 2>/d
 [[ $status == 0 ]] || tail -n 20 "$WORK/sharded.log"
 
 echo "== 4/4 checks"
-"$PY" benchmarks/torchrun_proof_check.py --work "$WORK" --methods "$METHODS" --prompts "$PROMPTS" \
+"$PY" benchmarks/torchrun/torchrun_proof_check.py --work "$WORK" --methods "$METHODS" --prompts "$PROMPTS" \
   --seeds "$SEEDS" --nproc "$NPROC" --mode "$MODE" ${SMI:+--smi "$SMI"} ${STRICT:+--strict}

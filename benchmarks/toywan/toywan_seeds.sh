@@ -6,8 +6,8 @@
 # data seed = S, batch 128, `--max-seconds SECONDS`, then its own caption check (trained and
 # random). A recipe is one argument: "SEEDS [train_tiny flags...]".
 # Usage (repo root, PYTHONPATH with diffusers as docs/toywan/cpu-experiments.md shows):
-#   bash benchmarks/toywan_seeds.sh SECONDS RECIPE [RECIPE...]
-#   e.g. bash benchmarks/toywan_seeds.sh 380 "0,1" "1,2,3 --high-noise 0.25"
+#   bash benchmarks/toywan/toywan_seeds.sh SECONDS RECIPE [RECIPE...]
+#   e.g. bash benchmarks/toywan/toywan_seeds.sh 380 "0,1" "1,2,3 --high-noise 0.25"
 set -u
 OUT=${OUT:-/tmp/out}
 if [ $# -lt 2 ]; then echo "usage: $0 SECONDS \"SEEDS [flags...]\" [...]" >&2; exit 2; fi

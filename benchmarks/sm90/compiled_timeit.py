@@ -5,7 +5,7 @@ inputs from timeit.make_inputs). Accuracy at the full shape, where the emulation
 each output's relative L2 against an FP64 reference on a sample of query rows (256 rows of
 two heads, all keys), and each compiled output against the Triton kernel's.
 
-Usage: PYTHONPATH=. python3 benchmarks/compiled_timeit.py [--shape wan22-720p]
+Usage: PYTHONPATH=. python3 benchmarks/sm90/compiled_timeit.py [--shape wan22-720p]
        [--warmup-s 2] [--window-s 2] [--json OUT.json] [--methods A,B] [--skip-triton]
 """
 

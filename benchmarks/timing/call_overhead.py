@@ -7,7 +7,7 @@ kernel + preprocessing predict. This times, at one shape, for each method:
   call view   the same on the (B, N, H, D)-memory views diffusers passes to SDPA;
 and prints the kernels one `call view` launches (torch.profiler, device time each) and the
 host time of one call with the GPU idle (what the CPU spends before the work is queued).
-Usage: PYTHONPATH=. python3 benchmarks/call_overhead.py [--shape wan22-720p]
+Usage: PYTHONPATH=. python3 benchmarks/timing/call_overhead.py [--shape wan22-720p]
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """Profile ToyWan training steps (vcbench train-tiny's own loop) on this machine.
 
-    python benchmarks/profile_toywan.py [--steps 6 --batch 64 --device cpu]
+    python benchmarks/toywan/profile_toywan.py [--steps 6 --batch 64 --device cpu]
 
 Per phase of the step (the trainer's record_function labels: data, forward, loss, backward,
 optimizer, ema+stats): wall time per step and the number of leaf ATen ops that do work (views
