@@ -46,11 +46,11 @@ test: $(SETUP)
 lint: $(SETUP)
 	$(PYTHON) -m ruff check vcbench tests benchmarks
 
-# The compiled VC-Attention kernel for Hopper (vcbench/kernels/csrc): built into
+# The compiled VC-Attention kernel for Hopper (vcbench/kernels/backends/sm90/csrc): built into
 # ~/.cache/vcbench/kernels (VCBENCH_KERNEL_CACHE) on a machine with nvcc and a CUDA torch.
 .PHONY: kernels
 kernels: $(SETUP)
-	$(PYTHON) -m vcbench.kernels.compiled build
+	$(PYTHON) -m vcbench.kernels.backends.sm90.compiled build
 
 # The whole chain on tiny-wan (the trained ToyWan shipped in the package) on CPU: every method,
 # 2 held-out captions x 2 seeds at the model's own size (17 frames of 64x64, 20 steps), scored

@@ -41,13 +41,13 @@ TEST_FILES="tests/test_gpu_kernels.py"
 if [ $BUILD = 1 ] && command -v nvcc > /dev/null; then
   echo "nvcc: $(nvcc --version | tail -1)"
   t0=$(date +%s.%N)
-  timeout -s KILL 180 python3 -m vcbench.kernels.compiled build --verbose > "$OUT/build.log" 2>&1
+  timeout -s KILL 180 python3 -m vcbench.kernels.backends.sm90.compiled build --verbose > "$OUT/build.log" 2>&1
   rc=$?
   t1=$(date +%s.%N)
   echo "build: rc=$rc, $(python3 -c "print(f'{$t1 - $t0:.1f}')") s wall (log: build.log)"
   grep -E "C75[0-9]{2}|spill|Used [0-9]+ registers|error" "$OUT/build.log" | sort | uniq -c | head -20
   if [ $rc != 0 ]; then tail -n 40 "$OUT/build.log"; echo "BUILD FAILED: stop"; exit 1; fi
-  LIB=$(python3 -c 'from vcbench.kernels import compiled; print(compiled.library_path())')
+  LIB=$(python3 -c 'from vcbench.kernels.backends.sm90 import compiled; print(compiled.library_path())')
   python3 benchmarks/sm90/sass_check.py "$LIB" 2>&1 | tee "$OUT/sass.txt"
   timeout -s KILL 45 python3 benchmarks/sm90/compiled_smoke.py > "$OUT/smoke.txt" 2>&1
   rc=$?

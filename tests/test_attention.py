@@ -10,8 +10,9 @@ import vcbench
 from vcbench.analysis.synthetic import synthetic_qkv
 from vcbench.errors import UserError
 from vcbench.kernels import get_method
-from vcbench.kernels.online import prepare
-from vcbench.kernels.vsmooth import VSmoothConfig, group
+from vcbench.kernels.reference.engine import prepare
+from vcbench.kernels.reference.vsmooth import group
+from vcbench.kernels.spec.vsmooth import VSmoothConfig
 
 EIGHT = ["bf16", "fp8-fa4", "sage2-8bit", "sage3-4bit", "attnqat-tf", "vc-8bit",
          "vc-8bit-vsmooth", "vc-4bit", "vc-8bit-fp8qk"]
@@ -95,11 +96,11 @@ def test_padded_and_unpadded_tiles_agree_in_float64_with_exact_formats():
     their score term, V-Smooth block means), 192 tokens run as three 64-row tiles (no padding)
     and as two 128-row tiles (64 padded rows) must agree to FP64 rounding, and both equal
     softmax(Q K^T / sqrt(d)) V."""
-    from vcbench.kernels.formats import EXACT
-    from vcbench.kernels.granularity import Quantizer, Unscaled
-    from vcbench.kernels.method import Plan
-    from vcbench.kernels.online import emulate
-    from vcbench.kernels.probability import ExpThenCast
+    from vcbench.kernels.reference.engine import emulate
+    from vcbench.kernels.spec.formats import EXACT
+    from vcbench.kernels.spec.granularity import Quantizer, Unscaled
+    from vcbench.kernels.spec.method import Plan
+    from vcbench.kernels.spec.probability import ExpThenCast
 
     exact = Quantizer(EXACT, Unscaled())
     q, k, v = _padding_inputs(192, torch.float64)

@@ -13,7 +13,11 @@ import numpy as np
 import pytest
 
 from vcbench.errors import UserError
-from vcbench.kernels import compiled, get_method, gpu
+from vcbench.kernels import backends, get_method
+from vcbench.kernels.backends import sm90
+from vcbench.kernels.backends.common import kernel_preference
+from vcbench.kernels.backends.sm90 import compiled
+from vcbench.kernels.backends.triton.operands import kernel_switches
 
 # ---- build bookkeeping -------------------------------------------------------------------
 
@@ -52,10 +56,10 @@ def test_the_sources_and_headers_are_every_file_a_build_reads():
 def test_the_wgmma_header_is_its_generator_s_output():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gen_wgmma", compiled.CSRC / "sm90" / "gen_wgmma.py")
+    spec = importlib.util.spec_from_file_location("gen_wgmma", compiled.CSRC / "gen_wgmma.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
-    assert (compiled.CSRC / "sm90" / "wgmma.cuh").read_text() == gen.text()
+    assert (compiled.CSRC / "wgmma.cuh").read_text() == gen.text()
 
 
 def test_the_source_hash_covers_every_source(monkeypatch, tmp_path):
@@ -121,7 +125,7 @@ def test_expcast_beta_past_the_kernels_implicit_clip_is_refused():
     m = get_method("vc-8bit")
     for beta, ok in ((-0.35, True), (0.25, True), (0.3, False), (0.6, False)):
         plan = m.build(m.resolve({"expcast_beta": beta}))
-        for reason in (gpu.unsupported_reason(plan), compiled.unsupported_reason(plan)):
+        for reason in (backends.TRITON.supports(plan, None), backends.SM90.supports(plan, None)):
             assert (reason is None) == ok
             assert ok or "beta" in reason
 
@@ -133,7 +137,7 @@ def test_kernel_arguments_match_the_triton_switches():
     for name in ("vc-8bit", "vc-8bit-vsmooth", "sage2-8bit"):
         plan = get_method(name).plan()
         args = compiled.arguments(Ops, plan)
-        sw = gpu.kernel_switches(plan)
+        sw = kernel_switches(plan)
         assert args["expcast"] == sw["expcast"] and args["q_rows"] == sw["q_rows"]
         assert args["expcast_bias"] == pytest.approx(sw["expcast_bias"])
         if not sw["expcast"]:
@@ -141,42 +145,47 @@ def test_kernel_arguments_match_the_triton_switches():
     assert compiled.arguments(Ops, get_method("vc-8bit").plan())["expcast_bias"] == pytest.approx(119.65)
 
 
+def on_sm90(plan, head_dim=128):
+    """Whether the backend list picks the compiled kernel for `plan` on (1, 1, 256, D) inputs."""
+    return backends.select(plan, (1, 1, 256, head_dim)) is backends.SM90
+
+
 def test_by_default_the_compiled_kernel_runs_only_when_built_and_silently_otherwise(monkeypatch):
     monkeypatch.delenv("VCBENCH_KERNEL", raising=False)
-    assert gpu.kernel_preference() == "auto"
+    assert kernel_preference() == "auto"
     monkeypatch.setattr(compiled, "status", lambda: "compiled kernel not built; run `make kernels`")
-    gpu._fallback_note.cache_clear()
+    sm90._fallback_note.cache_clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert not gpu.compiled_for(get_method("vc-8bit").plan())
+        assert not on_sm90(get_method("vc-8bit").plan())
     assert caught == []
     monkeypatch.setattr(compiled, "status", lambda: None)
-    assert gpu.compiled_for(get_method("vc-8bit").plan())
-    assert not gpu.compiled_for(get_method("vc-8bit").plan(), head_dim=64)  # Triton takes D=64
+    assert on_sm90(get_method("vc-8bit").plan())
+    assert not on_sm90(get_method("vc-8bit").plan(), head_dim=64)  # Triton takes D=64
     monkeypatch.setenv("VCBENCH_KERNEL", "triton")
-    assert not gpu.compiled_for(get_method("vc-8bit").plan())
+    assert not on_sm90(get_method("vc-8bit").plan())
 
 
 def test_sm90_without_a_build_falls_back_with_one_line(monkeypatch):
     monkeypatch.setenv("VCBENCH_KERNEL", "sm90")
     monkeypatch.setattr(compiled, "status", lambda: "compiled kernel not built; run `make kernels`")
-    gpu._fallback_note.cache_clear()
+    sm90._fallback_note.cache_clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert not gpu.compiled_for(get_method("vc-8bit").plan())
-        assert not gpu.compiled_for(get_method("vc-8bit").plan())
+        assert not on_sm90(get_method("vc-8bit").plan())
+        assert not on_sm90(get_method("vc-8bit").plan())
     notes = [str(w.message) for w in caught]
     assert len(notes) == 1 and "make kernels" in notes[0] and "Triton" in notes[0]
     assert "\n" not in notes[0]
-    assert not gpu.compiled_for(get_method("fp8-fa4").plan())  # not its plan: no note needed
+    assert not on_sm90(get_method("fp8-fa4").plan())  # not its plan: no note needed
     monkeypatch.setattr(compiled, "status", lambda: None)
-    assert gpu.compiled_for(get_method("vc-8bit").plan())
+    assert on_sm90(get_method("vc-8bit").plan())
 
 
 def test_a_bad_kernel_choice_is_a_user_error(monkeypatch):
     monkeypatch.setenv("VCBENCH_KERNEL", "cutlass")
     with pytest.raises(UserError, match="VCBENCH_KERNEL"):
-        gpu.kernel_preference()
+        kernel_preference()
 
 
 def test_run_without_a_build_raises_the_status_line(monkeypatch):
@@ -273,7 +282,7 @@ def test_blocked_means_are_the_k_major_core_matrix_layout_the_mean_descriptor_na
     element and find it where blocked_means put it; padding tiles are zero."""
     import torch
 
-    src = (compiled.CSRC / "sm90" / "mma.cuh").read_text()
+    src = (compiled.CSRC / "mma.cuh").read_text()
     desc = src[src.index("uint64_t desc_means("):]
     desc = desc[:desc.index("}")]
     lbo, sbo = (int(x) for x in re.findall(r"static_cast<uint64_t>\((\d+) >> 4\)", desc))
@@ -289,7 +298,7 @@ def test_blocked_means_are_the_k_major_core_matrix_layout_the_mean_descriptor_na
                 tile = 16 * batch + k
                 want = v_mean[b, h, tile, n] if tile < tiles else 0.0
                 assert flat[b, h, batch, byte // 2] == want, (k, n)
-    header = (compiled.CSRC / "sm90" / "forward.cuh").read_text()
+    header = (compiled.CSRC / "forward.cuh").read_text()
     assert compiled.MEAN_BATCH == int(re.search(r"MEAN_BATCH = (\d+)", header).group(1))
 
 
@@ -300,11 +309,11 @@ def test_mean_weight_stores_land_where_the_mean_descriptor_reads_a():
     swizzle), element (row m, tile k) at (m // 8) SBO + (k // 8) LBO + (m % 8) 16 + (k % 8) 2.
     The offset expression is read from vsmooth.cuh; every element of the 64 x 16 tile is written
     exactly once, where the descriptor looks for it."""
-    src = (compiled.CSRC / "sm90" / "vsmooth.cuh").read_text()
+    src = (compiled.CSRC / "vsmooth.cuh").read_text()
     body = src[src.index("void store_weights("):]
     body = body[:body.index("\n}")]
     offset = re.search(r"wtile \+ (.+?)\) =", body.replace("\n", " ")).group(1)
-    src = (compiled.CSRC / "sm90" / "mma.cuh").read_text()
+    src = (compiled.CSRC / "mma.cuh").read_text()
     desc = src[src.index("uint64_t desc_means("):]
     desc = desc[:desc.index("}")]
     lbo, sbo = (int(x) for x in re.findall(r"static_cast<uint64_t>\((\d+) >> 4\)", desc))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vcbench.analysis.expcast import analyze_expcast
-from vcbench.kernels.expcast import exp_then_cast_value, expcast_code, expcast_value
+from vcbench.kernels.spec.expcast import exp_then_cast_value, expcast_code, expcast_value
 
 
 def test_paper_worked_example():
@@ -84,7 +84,7 @@ def _engine_p_bytes(method, q, k, **options):
     encoders, so P_q / max(P_q) * 256 are the decoded bytes exactly (E4M3's spacing is far
     above the FP64 rounding of that division). Returns (bytes in the engine's key order, the operands)."""
     from vcbench.kernels import get_method
-    from vcbench.kernels.online import prepare, run
+    from vcbench.kernels.reference.engine import prepare, run
 
     plan = get_method(method).plan(options)
     v = torch.eye(128, dtype=torch.float64).expand(q.shape[0], q.shape[1], 128, 128)

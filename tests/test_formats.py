@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from vcbench.kernels.formats import (
+from vcbench.kernels.spec.formats import (
     E2M1,
     E2M1_GRID,
     E4M3,

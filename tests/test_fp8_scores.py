@@ -15,7 +15,7 @@ from conftest import reference_attention, rel_l2
 import vcbench
 from vcbench.analysis.synthetic import synthetic_qkv
 from vcbench.kernels import get_method
-from vcbench.kernels.online import prepare
+from vcbench.kernels.reference.engine import prepare
 
 LOG2E = 1 / math.log(2)
 

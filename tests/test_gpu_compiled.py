@@ -18,8 +18,10 @@ from conftest import reference_attention, rel_l2
 from test_gpu_kernels import inputs
 
 import vcbench
-from vcbench.kernels import compiled, get_method, gpu
-from vcbench.kernels.online import finish, prepare, run
+from vcbench.kernels import get_method, implementation
+from vcbench.kernels.backends.sm90 import compiled
+from vcbench.kernels.backends.triton.operands import prepare_gpu
+from vcbench.kernels.reference.engine import finish, prepare, run
 
 
 def _hopper_with_nvcc() -> bool:
@@ -46,7 +48,7 @@ def check_against_emulation(q, k, v, method, options=None, out=None):
     plan = m.build(m.resolve(options or {}))
     n = q.shape[2]
     emu = prepare(q, k, v, plan)
-    ops = gpu.prepare_gpu(q, k, v, plan, permutation=emu.permutation)
+    ops = prepare_gpu(q, k, v, plan, permutation=emu.permutation)
     out = torch.full_like(q, float("nan")) if out is None else out.fill_(float("nan"))
     compiled.run(ops, plan, out)
     torch.cuda.synchronize()
@@ -91,7 +93,7 @@ def test_batches_strided_fp16_output_and_repeatability(built):
 
 def test_public_api_with_vcbench_kernel_sm90(built, monkeypatch):
     monkeypatch.setenv("VCBENCH_KERNEL", "sm90")
-    assert gpu.implementation(get_method("vc-8bit")) == compiled.IMPLEMENTATION
+    assert implementation("vc-8bit") == compiled.IMPLEMENTATION
     q, k, v = inputs("normal", 3000, 128, 7)
     out = vcbench.attention(q, k, v, "vc-8bit", backend="gpu")
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()

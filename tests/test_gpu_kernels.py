@@ -18,10 +18,11 @@ import torch
 from conftest import reference_attention, rel_l2
 
 import vcbench
-from vcbench.kernels import get_method, gpu
-from vcbench.kernels.online import finish, prepare, run
+from vcbench.kernels import backends, get_method
+from vcbench.kernels.backends.triton.operands import prepare_gpu
+from vcbench.kernels.reference.engine import finish, prepare, run
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu.triton_ready(),
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not backends.triton_ready(),
                                                   reason="needs a CUDA GPU (sm_90+) and Triton")]
 TRITON_METHODS = ["fp8-fa4", "sage2-8bit", "vc-8bit-vsmooth", "vc-8bit", "vc-8bit-fp8qk"]
 
@@ -59,7 +60,7 @@ def test_kernel_matches_emulation(method, n, d, kind):
     q, k, v = inputs(kind, n, d, seed)
     plan = get_method(method).plan()
     emu = prepare(q, k, v, plan)
-    ops = gpu.prepare_gpu(q, k, v, plan, permutation=emu.permutation)
+    ops = prepare_gpu(q, k, v, plan, permutation=emu.permutation)
     assert_bit_equal(ops.q_scale, emu.q.scale, "Q scales")
     assert_bit_equal(ops.q, emu.q.codes, "Q codes")
     assert_bit_equal(ops.k_scale, emu.k.scale, "K scales")
@@ -70,7 +71,7 @@ def test_kernel_matches_emulation(method, n, d, kind):
     assert_bit_equal(ops.v_t.transpose(-1, -2), emu.v.codes, "V codes")
 
     out = torch.full_like(q, float("nan"))
-    gpu.run_prepared(ops, plan, out)
+    backends.TRITON.run_prepared(ops, plan, out)
     assert torch.isfinite(out).all()
     emu_out = finish(run(emu, plan)[0], n, plan)
     ref = reference_attention(q, k, v)
@@ -109,8 +110,8 @@ def clustered_values(n, seed, clusters=12):
 
 
 def test_token_mean_gpu_is_bit_equal_to_the_emulation():
-    from vcbench.kernels.triton.quantize import token_mean_gpu
-    from vcbench.kernels.vsmooth import token_mean
+    from vcbench.kernels.backends.triton.quantize import token_mean_gpu
+    from vcbench.kernels.reference.vsmooth import token_mean
 
     _, k, _ = inputs("outliers", 5021, 128, 3)
     want = token_mean(k.float()).reshape(4, 128)
@@ -123,8 +124,8 @@ def test_kmeans_gpu_matches_the_torch_iterations(n):
     32 centroids on 12 true clusters there are many). A flip moves its clusters' centroids, so
     they are not compared with torch's; instead each is held to what it must be whatever the
     ties: the mean of its members under the kernel's own labels one iteration earlier."""
-    from vcbench.kernels.triton.kmeans import kmeans_gpu
-    from vcbench.kernels.vsmooth import kmeans
+    from vcbench.kernels.backends.triton.kmeans import kmeans_gpu
+    from vcbench.kernels.reference.vsmooth import kmeans
 
     v = clustered_values(n, n)
     g = torch.Generator(device="cuda").manual_seed(n + 1)
@@ -148,7 +149,9 @@ def test_kmeans_gpu_matches_the_torch_iterations(n):
 
 
 def test_group_takes_the_gpu_kmeans_for_16_bit_cuda_values():
-    from vcbench.kernels.vsmooth import VSmoothConfig, group, kmeans
+    from vcbench.kernels import group
+    from vcbench.kernels.reference.vsmooth import kmeans
+    from vcbench.kernels.spec.vsmooth import VSmoothConfig
 
     v = clustered_values(4133, 5)
     g = group(v, VSmoothConfig())
@@ -169,9 +172,9 @@ def test_accumulation_holds_at_the_wan_sequence_length(method):
     q, k, v = (torch.randn(1, 1, 75600, 128, device="cuda", generator=g).bfloat16() for _ in range(3))
     plan = get_method(method).plan()
     emu = prepare(q, k, v, plan)
-    ops = gpu.prepare_gpu(q, k, v, plan, permutation=emu.permutation)
+    ops = prepare_gpu(q, k, v, plan, permutation=emu.permutation)
     out = torch.full_like(q, float("nan"))
-    gpu.run_prepared(ops, plan, out)
+    backends.TRITON.run_prepared(ops, plan, out)
     emu_out = finish(run(emu, plan)[0], 75600, plan)
     rows = torch.arange(0, 75600, 97, device="cuda")  # a sample of rows for the FP64 reference
     ref = reference_attention(q[:, :, rows], k, v)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from vcbench.kernels.formats import E2M1, E4M3, INT8, round_e4m3
-from vcbench.kernels.granularity import (
+from vcbench.kernels.spec.formats import E2M1, E4M3, INT8, round_e4m3
+from vcbench.kernels.spec.granularity import (
     Microscale16,
     PerBlock,
     PerChannel,

@@ -16,7 +16,7 @@ from conftest import reference_attention
 from vcbench.analysis.kernel_error import method_error
 from vcbench.analysis.synthetic import synthetic_qkv
 from vcbench.kernels import get_method, list_methods
-from vcbench.kernels.online import prepare
+from vcbench.kernels.reference.engine import prepare
 
 
 def _qkv(n=128, seed=0):

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import vcbench
-from vcbench.kernels.vsmooth import VSmoothConfig, group
+from vcbench.kernels.reference.vsmooth import group
+from vcbench.kernels.spec.vsmooth import VSmoothConfig
 
 METHODS = vcbench.list_methods()
 B, H, N, D = 2, 2, 160, 64  # 160 tokens: a full KV tile and a padded one

@@ -6,7 +6,7 @@ import torch
 
 import vcbench
 from vcbench.errors import UserError
-from vcbench.kernels.vsmooth import GroupingSchedule
+from vcbench.kernels.spec.vsmooth import GroupingSchedule
 from vcbench.pipelines.loaded import ClipSettings
 from vcbench.pipelines.registry import load_model
 

@@ -9,7 +9,8 @@ import torch
 
 from vcbench.analysis.synthetic import synthetic_qkv
 from vcbench.analysis.token_order import order_row, token_order_table
-from vcbench.kernels.vsmooth import VSmoothConfig, group
+from vcbench.kernels.reference.vsmooth import group
+from vcbench.kernels.spec.vsmooth import VSmoothConfig
 
 ROWS = 128
 
@@ -104,7 +105,7 @@ def test_table_lists_every_order_with_and_without_rotation(video_v):
     base = table[(table.order == "sequence") & ~table.hadamard_v].value_error.iloc[0]
     assert table.error_vs_sequence.tolist() == pytest.approx((table.value_error / base - 1).tolist())
     cube = table[(table.order == "cube") & ~table.hadamard_v].iloc[0]
-    from vcbench.kernels.vsmooth import cube_keys
+    from vcbench.kernels.reference.vsmooth import cube_keys
 
     perm = torch.argsort(cube_keys(grid, (2, 8, 8), 300), stable=True)
     assert cube.value_error == pytest.approx(_value_error(v.double()[..., perm, :], True), rel=1e-4)

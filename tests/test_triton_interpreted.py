@@ -36,11 +36,12 @@ else:
     import torch
 
     from vcbench.kernels import get_method
-    from vcbench.kernels.gpu import kernel_switches, prepare_gpu
-    from vcbench.kernels.online import prepare
-    from vcbench.kernels.triton.attention import launch
-    from vcbench.kernels.triton.kmeans import kmeans_gpu
-    from vcbench.kernels.vsmooth import VSmoothConfig, group
+    from vcbench.kernels.backends.triton.attention import launch
+    from vcbench.kernels.backends.triton.kmeans import kmeans_gpu
+    from vcbench.kernels.backends.triton.operands import kernel_switches, prepare_gpu
+    from vcbench.kernels.reference.engine import prepare
+    from vcbench.kernels.reference.vsmooth import group
+    from vcbench.kernels.spec.vsmooth import VSmoothConfig
 
     B, H, N, D = 2, 2, 200, 64  # a full KV tile and a padded one
     TRITON_METHODS = {"fp8-fa4": {}, "fp8-fa4+hadamard": {"hadamard_qk": True},

@@ -6,14 +6,8 @@ import pytest
 import torch
 from conftest import reference_attention
 
-from vcbench.kernels.formats import EXACT
-from vcbench.kernels.granularity import Quantizer, Unscaled
-from vcbench.kernels.method import Plan
-from vcbench.kernels.online import emulate
-from vcbench.kernels.probability import ExpThenCast
-from vcbench.kernels.vsmooth import (
-    GroupingSchedule,
-    VSmoothConfig,
+from vcbench.kernels.reference.engine import emulate
+from vcbench.kernels.reference.vsmooth import (
     balanced_labels,
     block_energy_share,
     block_means,
@@ -21,6 +15,11 @@ from vcbench.kernels.vsmooth import (
     group,
     kmeans,
 )
+from vcbench.kernels.spec.formats import EXACT
+from vcbench.kernels.spec.granularity import Quantizer, Unscaled
+from vcbench.kernels.spec.method import Plan
+from vcbench.kernels.spec.probability import ExpThenCast
+from vcbench.kernels.spec.vsmooth import GroupingSchedule, VSmoothConfig
 
 _EXACT = Quantizer(EXACT, Unscaled())
 

@@ -1,7 +1,7 @@
 """Device check: every GPU method right past 2^31 elements an operand, in every layout a video
 DiT hands it, and with a NaN in one head. One call on the H200 (about 6 minutes):
 
-    PYTHONPATH=. python -m vcbench.kernels.compiled build     # the compiled kernel, if nvcc
+    PYTHONPATH=. python -m vcbench.kernels.backends.sm90.compiled build     # the compiled kernel, if nvcc
     PYTHONPATH=. python benchmarks/checks/reliability.py --out $OUT   # --quick: a smoke run
 
 (FA4 for the bf16 rows: install it first as ../shared/device/README.md says; cuDNN otherwise.)
@@ -35,10 +35,9 @@ from pathlib import Path
 import torch
 
 import vcbench
-from vcbench.kernels import get_method, gpu
-from vcbench.kernels.granularity import Microscale16, PerBlock
-from vcbench.kernels.online import prepare, run
-from vcbench.kernels.vsmooth import group
+from vcbench.kernels import backends, get_method, group
+from vcbench.kernels.reference.engine import prepare, run
+from vcbench.kernels.spec.granularity import Microscale16, PerBlock
 
 METHODS = ["bf16", "fp8-fa4", "sage2-8bit", "vc-8bit-vsmooth", "vc-8bit", "vc-8bit-fp8qk"]
 LARGE = [(1, 40, 680400), (2, 40, 300000), (1, 2, 1_100_000)]
@@ -47,15 +46,15 @@ QUICK = [(1, 40, 60000), (2, 4, 20000)]
 
 @contextmanager
 def kernel(choice: str):
-    old = os.environ.get(gpu.KERNEL_ENV)
-    os.environ[gpu.KERNEL_ENV] = choice
+    old = os.environ.get(backends.KERNEL_ENV)
+    os.environ[backends.KERNEL_ENV] = choice
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop(gpu.KERNEL_ENV)
+            os.environ.pop(backends.KERNEL_ENV)
         else:
-            os.environ[gpu.KERNEL_ENV] = old
+            os.environ[backends.KERNEL_ENV] = old
 
 
 def implementations(method: str) -> list[str]:
@@ -63,7 +62,7 @@ def implementations(method: str) -> list[str]:
     if method == "bf16":
         return ["auto"]
     with kernel("auto"):
-        compiled = gpu.compiled_for(get_method(method).plan())
+        compiled = backends.select(get_method(method).plan()) is backends.SM90
     return ["auto", "triton"] if compiled else ["triton"]
 
 
@@ -105,12 +104,13 @@ def emulated_rows(plan, q, k, v, b, h, rows, permutation):
 
 def gpu_call(method, q, k, v):
     """(poisoned-then-written output, the permutation it used)."""
-    if method == "bf16":
-        return gpu.bf16_attention(q, k, v), None
     plan = get_method(method).plan()
-    ops = gpu.prepare_gpu(q, k, v, plan)
+    backend = backends.select(plan, tuple(q.shape))
+    if backend.prepare is None:  # bf16: FA4 or cuDNN
+        return backend.run(q, k, v, plan, {}), None
+    ops = backend.prepare(q, k, v, plan)
     out = torch.full_like(q, float("nan"))
-    gpu.run_prepared(ops, plan, out)
+    backend.run_prepared(ops, plan, out)
     return out, ops.permutation
 
 
@@ -187,7 +187,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     ap.add_argument("--methods", default=",".join(METHODS))
     args = ap.parse_args()
-    if not gpu.triton_ready():
+    if not backends.triton_ready():
         print("error: needs a CUDA GPU (sm_90+) with Triton", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,10 @@ import sys
 
 import torch
 
-from vcbench.kernels import compiled, get_method, gpu
-from vcbench.kernels.online import finish, prepare, run
+from vcbench.kernels import get_method
+from vcbench.kernels.backends.sm90 import compiled
+from vcbench.kernels.backends.triton.operands import prepare_gpu
+from vcbench.kernels.reference.engine import finish, prepare, run
 
 PLANS = [("vc-8bit", {}), ("vc-8bit-vsmooth", {}), ("vc-8bit", {"vsmooth": False}),
          ("sage2-8bit", {})]
@@ -30,7 +32,7 @@ def launch(q, k, v, method, options):
     m = get_method(method)
     plan = m.build(m.resolve(options))
     emu = prepare(q, k, v, plan)
-    ops = gpu.prepare_gpu(q, k, v, plan, permutation=emu.permutation)
+    ops = prepare_gpu(q, k, v, plan, permutation=emu.permutation)
     out = torch.full_like(q, float("nan"))
     compiled.run(ops, plan, out)
     torch.cuda.synchronize()

@@ -14,9 +14,10 @@ import json
 
 import torch
 
-from vcbench.kernels import compiled, get_method, gpu
-from vcbench.kernels.triton.attention import launch as triton_launch
-from vcbench.kernels.vsmooth import group
+from vcbench.kernels import attention, get_method, group, implementation
+from vcbench.kernels.backends.sm90 import compiled
+from vcbench.kernels.backends.triton.attention import launch as triton_launch
+from vcbench.kernels.backends.triton.operands import kernel_switches, prepare_gpu
 from vcbench.timing.cupti import time_kernels
 from vcbench.timing.timeit import PRESETS, attention_flops, make_inputs
 
@@ -71,20 +72,20 @@ def main():
                          tflops=flops / (ms * 1e-3) / 1e12, note=note))
         print(f"{method:16s} {impl:26s} {ms:9.2f} ms {note}", flush=True)
 
-    out_b = gpu.bf16_attention(x.q, x.k, x.v)
-    timed("bf16", gpu.implementation(get_method("bf16")),
-          lambda: gpu.bf16_attention(x.q, x.k, x.v), vs_fp64(out_b))
+    out_b = attention(x.q, x.k, x.v, "bf16", backend="gpu")
+    timed("bf16", implementation("bf16"),
+          lambda: attention(x.q, x.k, x.v, "bf16", backend="gpu"), vs_fp64(out_b))
     del out_b
 
     def time_method(name):
         method, options = OPTIONS.get(name, (name, {}))
         plan = get_method(method).plan(options)
         perm = group(x.v, plan.vsmooth).permutation if plan.vsmooth is not None else None
-        ops = gpu.prepare_gpu(x.q, x.k, x.v, plan, permutation=perm)
+        ops = prepare_gpu(x.q, x.k, x.v, plan, permutation=perm)
         out_t = None
         if not args.skip_triton:
             out_t = torch.empty_like(x.q)
-            switches = gpu.kernel_switches(plan)
+            switches = kernel_switches(plan)
             triton_launch(ops, out_t, **switches)
             timed(name, "vcbench-triton", lambda: triton_launch(ops, out_t, **switches),
                   vs_fp64(out_t))

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Device script: A/B/C... of whole kernel sources in one call. Each given folder replaces
-# vcbench/kernels/csrc (the kernel is several files) in its own copy of the tree and is built
+# vcbench/kernels/backends/sm90/csrc (the kernel is several files) in its own copy of the tree and is built
 # into its own kernel cache (in parallel); every source after the first is checked by
 # tests/test_gpu_compiled.py; then benchmarks/sm90/compiled_timeit.py (--skip-triton) runs each
 # copy in turn, twice (A B C A B C), each process with its own BF16 row, so drift across the
 # call shows. Prints a table of ms and each source's mean over A's.
 # Usage (repo root; FA4 optional): bash benchmarks/sm90/kernel_ab.sh A_CSRC B_CSRC [C_CSRC ...]
 #   METHODS=vc-8bit,vc-8bit/no-vsmooth (default) WINDOW=2 TESTS=1
-# (A = HEAD's sources, for instance: git archive HEAD vcbench/kernels/csrc | tar x -C a, then
-# a/vcbench/kernels/csrc.)
+# (A = HEAD's sources, for instance: git archive HEAD vcbench/kernels/backends/sm90/csrc | tar x -C a, then
+# a/vcbench/kernels/backends/sm90/csrc.)
 set -u
 [ $# -ge 2 ] || { echo "usage: kernel_ab.sh A_CSRC B_CSRC [C_CSRC ...]" >&2; exit 2; }
 METHODS=${METHODS:-vc-8bit,vc-8bit/no-vsmooth}; WINDOW=${WINDOW:-2}; TESTS=${TESTS:-1}
@@ -18,13 +18,13 @@ for src in "$@"; do
   [ -d "$src" ] || { echo "kernel_ab.sh: $src is not a folder (a copy of csrc/)" >&2; exit 2; }
   X=$(printf "\\x$(printf %x $((65 + i)))"); i=$((i + 1)); names="$names $X"
   mkdir -p "$WORK/$X" && cp -r "$ROOT/vcbench" "$ROOT/benchmarks" "$ROOT/tests" "$WORK/$X/"
-  rm -rf "$WORK/$X/vcbench/kernels/csrc" && cp -r "$src" "$WORK/$X/vcbench/kernels/csrc"
+  rm -rf "$WORK/$X/vcbench/kernels/backends/sm90/csrc" && cp -r "$src" "$WORK/$X/vcbench/kernels/backends/sm90/csrc"
   echo "$X = $src"
 done
 t0=$(date +%s)
 for X in $names; do
   (cd "$WORK/$X" && VCBENCH_KERNEL_CACHE=$WORK/k$X PYTHONPATH=$WORK/$X \
-     python3 -m vcbench.kernels.compiled build > "$WORK/build$X.log" 2>&1 \
+     python3 -m vcbench.kernels.backends.sm90.compiled build > "$WORK/build$X.log" 2>&1 \
      || echo "build $X failed: $(tail -3 "$WORK/build$X.log")") &
 done
 wait; echo "builds $(( $(date +%s) - t0 )) s"

@@ -11,8 +11,9 @@ import argparse
 import torch
 from compiled_timeit import OPTIONS  # a sibling script: "METHOD/no-vsmooth" rows
 
-from vcbench.kernels import compiled, get_method, gpu
-from vcbench.kernels.vsmooth import group
+from vcbench.kernels import get_method, group
+from vcbench.kernels.backends.sm90 import compiled
+from vcbench.kernels.backends.triton.operands import prepare_gpu
 from vcbench.timing.timeit import PRESETS, make_inputs
 
 
@@ -28,7 +29,7 @@ def main():
     plan = get_method(name).plan(options)
     x = make_inputs(args.shape, None)
     perm = group(x.v, plan.vsmooth).permutation if plan.vsmooth is not None else None
-    ops = gpu.prepare_gpu(x.q, x.k, x.v, plan, permutation=perm)
+    ops = prepare_gpu(x.q, x.k, x.v, plan, permutation=perm)
     out = torch.empty_like(x.q)
     for _ in range(args.launches):
         compiled.run(ops, plan, out)

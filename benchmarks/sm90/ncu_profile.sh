@@ -14,7 +14,7 @@ mkdir -p "$OUT" /tmp/ncu
 export VCBENCH_KERNEL_CACHE=${VCBENCH_KERNEL_CACHE:-/tmp/vcbench-kernels}
 export MAX_JOBS=${MAX_JOBS:-8}
 t0=$(date +%s)
-timeout -s KILL 200 python3 -m vcbench.kernels.compiled build > /tmp/ncu/build.log 2>&1 \
+timeout -s KILL 200 python3 -m vcbench.kernels.backends.sm90.compiled build > /tmp/ncu/build.log 2>&1 \
   || { tail -n 20 /tmp/ncu/build.log; echo "BUILD FAILED"; exit 1; }
 echo "build (or cached): $(( $(date +%s) - t0 )) s"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)

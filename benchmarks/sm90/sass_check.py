@@ -4,7 +4,7 @@ local memory (LDL/STL), and MUFU.EX2, which ExpCast must keep off the P path (on
 alpha and the per-16-tile mean weights may use it). Exit status 1 if a check fails.
 
 Usage: python3 benchmarks/sm90/sass_check.py LIBRARY_OR_CUBIN [--cuobjdump PATH]
-(the library: `python3 -c 'from vcbench.kernels import compiled; print(compiled.library_path())'`)
+(the library: `python3 -c 'from vcbench.kernels.backends.sm90 import compiled; print(compiled.library_path())'`)
 """
 
 import argparse

@@ -16,8 +16,7 @@ import time
 import torch
 
 import vcbench
-from vcbench.kernels import get_method, gpu
-from vcbench.kernels.vsmooth import group
+from vcbench.kernels import backends, get_method, group
 from vcbench.timing.timeit import PRESETS
 
 
@@ -45,17 +44,17 @@ def host_ms(fn):
 
 
 def measure(name, contiguous, views):
-    method = get_method(name)
+    plan = get_method(name).plan()
+    backend = backends.select(plan, tuple(contiguous[0].shape))
     perm = None
-    if name != "bf16":
-        plan = method.plan()
+    if backend.prepare is not None:
         if plan.vsmooth is not None:
             perm = group(contiguous[2], plan.vsmooth).permutation
-        ops = gpu.prepare_gpu(*contiguous, plan, permutation=perm)
+        ops = backend.prepare(*contiguous, plan, permutation=perm)
         out = torch.empty_like(contiguous[0])
-        kernel = events_ms(lambda: gpu.run_prepared(ops, plan, out))
-    else:
-        kernel = events_ms(lambda: gpu.bf16_attention(*contiguous))
+        kernel = events_ms(lambda: backend.run_prepared(ops, plan, out))
+    else:  # an external kernel: the bare call
+        kernel = events_ms(lambda: backend.run(*contiguous, plan, {}))
     opts = {} if perm is None else {"permutation": perm}
     call_hnd = events_ms(lambda: vcbench.attention(*contiguous, name, backend="gpu", **opts))
     call_view = events_ms(lambda: vcbench.attention(*views, name, backend="gpu", **opts))

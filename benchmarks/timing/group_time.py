@@ -5,7 +5,8 @@ import sys
 
 import torch
 
-from vcbench.kernels.vsmooth import VSmoothConfig, group
+from vcbench.kernels import group
+from vcbench.kernels.spec.vsmooth import VSmoothConfig
 from vcbench.timing.timeit import PRESETS
 
 shape = sys.argv[1] if len(sys.argv) > 1 else "wan22-720p"

@@ -11,7 +11,9 @@ import importlib.util
 import torch
 import triton
 
-from vcbench.kernels import get_method, gpu
+from vcbench.kernels import attention, backends, get_method, implementation
+from vcbench.kernels.backends.external import flash_attn4
+from vcbench.kernels.backends.triton.operands import kernel_switches, prepare_gpu
 from vcbench.timing.timeit import PRESETS, attention_flops
 
 
@@ -39,9 +41,9 @@ def main():
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
-    base = bench(lambda: gpu.bf16_attention(q, k, v), args.quick)
-    rows.append(("bf16", gpu.implementation(get_method("bf16")), base))
-    if gpu.flash_attn4() is not None:
+    base = bench(lambda: attention(q, k, v, "bf16", backend="gpu"), args.quick)
+    rows.append(("bf16", implementation("bf16"), base))
+    if flash_attn4() is not None:
         rows.append(("bf16", "cudnn-sdpa", bench(cudnn, args.quick)))
     variants = {name: [dict()] for name in ("sage2-8bit", "fp8-fa4", "vc-8bit-vsmooth",
                                              "vc-8bit", "vc-8bit-fp8qk")}
@@ -56,12 +58,12 @@ def main():
         perm = None
         if plan.vsmooth is not None:
             perm = torch.arange(n, device="cuda").expand(b, h, n).contiguous()
-        ops = gpu.prepare_gpu(q, k, v, plan, permutation=perm)
+        ops = prepare_gpu(q, k, v, plan, permutation=perm)
         out = torch.empty_like(q)
         for sw in switches:
             for nw, ns in configs:
                 try:
-                    call = functools.partial(gpu.run_prepared, ops, plan, out, num_warps=nw,
+                    call = functools.partial(backends.TRITON.run_prepared, ops, plan, out, num_warps=nw,
                                              num_stages=ns, **sw)
                     t = bench(call, args.quick)
                 except Exception as e:  # a config that does not compile is a result too
@@ -69,7 +71,7 @@ def main():
                     continue
                 rows.append((name, f"{sw} w{nw} s{ns}", t))
         if baseline is not None:
-            call = functools.partial(baseline.launch, ops, out, **gpu.kernel_switches(plan))
+            call = functools.partial(baseline.launch, ops, out, **kernel_switches(plan))
             rows.append((name, f"baseline {args.baseline.split('/')[-1]}", bench(call, args.quick)))
     print(f"\n{args.shape} B{b} H{h} N{n} D{d}, {torch.cuda.get_device_name()}")
     print(f"{'method':18s} {'variant':44s} {'ms':>8s} {'TFLOPS':>7s} {'vs bf16':>7s}")

@@ -80,7 +80,7 @@ def analyze_kernel_error_command(tensors=None, methods: list[str] | None = None,
 def analyze_token_order_command(tensors=None, synthetic=None, clusters: int = 32, iters: int = 10,
                                 out=None, json_path=None) -> tuple[pd.DataFrame, str]:
     from vcbench.analysis.token_order import token_order_table
-    from vcbench.kernels.vsmooth import ORDERS
+    from vcbench.kernels.spec.vsmooth import ORDERS
 
     t, label = input_tensors(tensors, synthetic)
     orders = ["none"] + [o for o in ORDERS if o != "cube" or t.grid is not None]

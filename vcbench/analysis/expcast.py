@@ -19,7 +19,7 @@ import math
 import numpy as np
 import torch
 
-from vcbench.kernels.expcast import DEFAULT_BETA, ROW_MAX_CODE
+from vcbench.kernels.spec.expcast import DEFAULT_BETA, ROW_MAX_CODE
 
 # A binade well inside E4M3's normal range: z in [7, 8) decodes to [128, 256).
 _BINADE = 7

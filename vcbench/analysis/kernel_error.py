@@ -18,7 +18,7 @@ import torch
 
 from vcbench.analysis.variants import parse_variant
 from vcbench.kernels import CALL_OPTIONS, get_method
-from vcbench.kernels.online import finish, prepare, run
+from vcbench.kernels.reference.engine import finish, prepare, run
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -19,18 +19,17 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from vcbench.kernels.formats import E4M3
-from vcbench.kernels.granularity import PerChannel, Quantizer
-from vcbench.kernels.online import pad_tokens
-from vcbench.kernels.rotation import rotate
-from vcbench.kernels.vsmooth import (
-    ORDERS,
-    VSmoothConfig,
+from vcbench.kernels.reference.engine import pad_tokens
+from vcbench.kernels.reference.vsmooth import (
     block_energy_share,
     demean_and_quantize,
     group,
     permute_tokens,
 )
+from vcbench.kernels.spec.formats import E4M3
+from vcbench.kernels.spec.granularity import PerChannel, Quantizer
+from vcbench.kernels.spec.rotation import rotate
+from vcbench.kernels.spec.vsmooth import ORDERS, VSmoothConfig
 
 BLOCK_ROWS = 128
 V_QUANTIZER = Quantizer(E4M3, PerChannel())

@@ -35,7 +35,7 @@ import torch
 
 from vcbench.errors import UserError
 from vcbench.kernels import get_method
-from vcbench.kernels.vsmooth import GroupingSchedule
+from vcbench.kernels.spec.vsmooth import GroupingSchedule
 from vcbench.pipelines import distributed
 from vcbench.pipelines.loaded import ClipSettings, LoadedModel, nonfinite_frames, to_uint8
 from vcbench.pipelines.patch import SCHEDULE_OPTIONS, patch

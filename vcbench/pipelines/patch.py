@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from vcbench.errors import UserError
-from vcbench.kernels import attention, get_method
-from vcbench.kernels.vsmooth import Grouping, GroupingSchedule, group
+from vcbench.kernels import attention, get_method, group
+from vcbench.kernels.spec.vsmooth import Grouping, GroupingSchedule
 
 # Attention modules outside diffusers, by (module, class): the method computing attention from
 # post-RoPE (B, H, N, D) q, k, v (with the module's `scale`). Only self-attention is listed.

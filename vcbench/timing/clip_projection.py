@@ -49,7 +49,7 @@ import torch
 
 from vcbench.errors import UserError
 from vcbench.kernels import get_method
-from vcbench.kernels.vsmooth import GroupingSchedule
+from vcbench.kernels.spec.vsmooth import GroupingSchedule
 from vcbench.pipelines.wan import GUIDANCE, GUIDANCE_LOW_NOISE, WAN22_DEFAULTS
 
 COMMAND = "project-clip"
@@ -302,10 +302,10 @@ def time_transformer_method(model, spec: ClipSpec, method: str, repeats: int, ba
     patched to `method` (after a one-block warm-up through every kind), in schedule order so
     a reuse step finds the grouping its regroup step cached."""
     import vcbench
-    from vcbench.kernels import gpu
+    from vcbench.kernels import implementation as gpu_implementation
 
     kinds = step_kinds(method, spec.steps)
-    implementation = gpu.implementation(get_method(method)) if backend == "gpu" else backend
+    implementation = gpu_implementation(method) if backend == "gpu" else backend
     g = torch.Generator(device="cpu").manual_seed(seed)
     latent = torch.randn(spec.latent_shape(), generator=g).to(device, dtype)
     text = torch.randn(1, spec.text_tokens, spec.transformer["text_dim"], generator=g).to(device, dtype)
@@ -368,9 +368,9 @@ def check_request(req: Request) -> None:
     for name in req.methods:
         m = get_method(name)
         if req.backend == "gpu":
-            from vcbench.kernels import gpu
+            from vcbench.kernels import implementation
 
-            if gpu.implementation(m) is None:
+            if implementation(m) is None:
                 raise UserError(f"no GPU kernel for {name!r} on this machine")
     for module, what in (("diffusers", "the Wan transformer and VAE"),
                          ("transformers", "the UMT5 text encoder")):

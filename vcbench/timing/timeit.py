@@ -53,27 +53,21 @@ def attention_flops(q: torch.Tensor) -> float:
 
 
 def time_method(name: str, x: Inputs, warmup_s: float, window_s: float) -> dict:
-    from vcbench.kernels import gpu
-    from vcbench.kernels.vsmooth import group
+    from vcbench.kernels import backends, group
     from vcbench.timing.cupti import time_kernels
 
     method = get_method(name)
-    impl = gpu.implementation(method)
-    if impl is None:
-        raise UserError(f"no GPU kernel for {name!r} on this machine")
-    row = {"method": name, "implementation": impl}
-    if name == "bf16":
-        attn = time_kernels(lambda: gpu.bf16_attention(x.q, x.k, x.v), warmup_s, window_s)
-        row["attention_ms"] = attn.median_ms(attn.main_kernel())
-        row["preprocess_ms"] = 0.0
-    elif impl.endswith("(official)"):
-        sage, _ = gpu.official_sageattention()
-        call = lambda: sage.sageattn(x.q, x.k, x.v, tensor_layout="HND")  # noqa: E731
-        whole = time_kernels(call, warmup_s, window_s)
+    plan = method.plan()
+    backend = backends.select(plan, tuple(x.q.shape))
+    if backend is None:
+        raise UserError(f"no GPU kernel for {name!r} on this machine "
+                        f"({backends.why_none(plan, tuple(x.q.shape))})")
+    row = {"method": name, "implementation": backend.name}
+    if backend.prepare is None:  # an external kernel: its preprocessing is inside the call
+        whole = time_kernels(lambda: backend.run(x.q, x.k, x.v, plan, {}), warmup_s, window_s)
         row["attention_ms"] = whole.median_ms(whole.main_kernel())
-        row["preprocess_ms"] = whole.per_call_ms() - row["attention_ms"]
+        row["preprocess_ms"] = max(whole.per_call_ms() - row["attention_ms"], 0.0)
     else:
-        plan = method.plan()
         perm = None
         if plan.vsmooth is not None:
             cold = time_kernels(lambda: group(x.v, plan.vsmooth, grid=x.grid),
@@ -85,12 +79,12 @@ def time_method(name: str, x: Inputs, warmup_s: float, window_s: float) -> dict:
             row["grouping_cold_ms"] = cold.per_call_ms()
             row["grouping_ms"] = warm.per_call_ms()
             perm = first.permutation
-        prep = lambda: gpu.prepare_gpu(x.q, x.k, x.v, plan, permutation=perm)  # noqa: E731
+        prep = lambda: backend.prepare(x.q, x.k, x.v, plan, permutation=perm)  # noqa: E731
         pre = time_kernels(prep, min(warmup_s, 2.0), min(window_s, 2.0), min_calls=3)
         row["preprocess_ms"] = pre.per_call_ms()
         ops = prep()
         out = torch.empty_like(x.q)
-        attn = time_kernels(lambda: gpu.run_prepared(ops, plan, out), warmup_s, window_s)
+        attn = time_kernels(lambda: backend.run_prepared(ops, plan, out), warmup_s, window_s)
         row["attention_ms"] = attn.median_ms(attn.main_kernel())
     row["tflops"] = attention_flops(x.q) / (row["attention_ms"] * 1e-3) / 1e12
     return row

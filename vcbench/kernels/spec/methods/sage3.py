@@ -9,10 +9,10 @@ rotates Q and K first.
 `fp4_qk_path` is shared with `vc-4bit`.
 """
 
-from vcbench.kernels.formats import E2M1
-from vcbench.kernels.granularity import Microscale16, Quantizer
-from vcbench.kernels.method import Method, Option, Plan
-from vcbench.kernels.probability import NVFP4Probability
+from vcbench.kernels.spec.formats import E2M1
+from vcbench.kernels.spec.granularity import Microscale16, Quantizer
+from vcbench.kernels.spec.method import Method, Option, Plan
+from vcbench.kernels.spec.probability import NVFP4Probability
 
 V_FP4 = Quantizer(E2M1, Microscale16(axis=-2))
 OPTIONS = {"hadamard_qk": Option(False, "rotate Q and K by a Hadamard matrix", types=(bool,))}

@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vcbench.kernels.reference.vsmooth import group, initial_centroids
+
 BLOCK = 128
 TILES = 8  # 1024 tokens per program: partial sums stay small (Wan: 74 x 40 programs)
 
@@ -62,16 +64,27 @@ def _assign(X, CHi, CLo, CNorm, Labels, Sums, Counts, n, n_chunks, stride_b, str
         tl.store(Counts + part * K + ks, counts)
 
 
+def takes(x: torch.Tensor, k: int) -> bool:
+    """Whether `kmeans_gpu` runs these values: 16-bit CUDA, k a power of two >= 16 (the MMA's
+    smallest side), at least k tokens, head dim 64 or 128."""
+    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and k >= 16
+            and k & (k - 1) == 0 and x.shape[-2] >= k and x.shape[-1] in (64, 128))
+
+
+def grouping(v: torch.Tensor, config, grid=None, init=None):
+    """`reference.vsmooth.group` with this k-means where it takes the values, else torch's."""
+    fn = kmeans_gpu if takes(v, config.clusters) else None
+    return group(v, config, grid=grid, init=init, kmeans_fn=fn)
+
+
 def kmeans_gpu(x: torch.Tensor, k: int, iters: int, init: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (B, H, N, D) bf16/fp16 on CUDA -> labels (B, H, N) int64, centroids (B, H, k, D) FP32.
-    k must be a power of two >= 16 (the MMA's smallest side)."""
-    from vcbench.kernels.vsmooth import _initial_centroids
+    """x (B, H, N, D) bf16/fp16 on CUDA -> labels (B, H, N) int64, centroids (B, H, k, D) FP32."""
 
     b, h, n, d = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
-    c = _initial_centroids(x, k) if init is None else init.float().clone()
+    c = initial_centroids(x, k) if init is None else init.float().clone()
     n_chunks = triton.cdiv(n, BLOCK * TILES)
     labels = torch.empty(b, h, n, device=x.device, dtype=torch.int32)
     sums = torch.empty(b * h, n_chunks, k, d, device=x.device, dtype=torch.float32)

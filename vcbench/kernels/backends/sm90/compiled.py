@@ -1,18 +1,18 @@
 """The compiled VC-Attention kernel for Hopper (csrc/): build, load, run.
 
 Built on a machine with nvcc and a CUDA torch by `make kernels` (= `python -m
-vcbench.kernels.compiled build`) into a cache folder, one subfolder per hash of the sources,
+vcbench.kernels.backends.sm90.compiled build`) into a cache folder, one subfolder per hash of the sources,
 with torch.utils.cpp_extension (`-gencode=arch=compute_90a,code=sm_90a`: wgmma and setmaxnreg
 need the `a` target). Importing this module never compiles anything and never needs nvcc:
 `load()` only imports a build that matches the current sources, and `status()` says in one
 line why there is none (not built, built from other sources, no CUDA, not Hopper).
 
-It runs the prepared operands of `vcbench.kernels.gpu.prepare_gpu` (the same `GpuOperands`
+It runs the prepared operands of `backends.triton.operands.prepare_gpu` (the same `GpuOperands`
 the Triton kernel reads) for plans with INT8 Q/K (Q per 16 or 128 rows, K per 128 keys),
 per-channel E4M3 V, P by ExpCast-FP8 or exp2-then-E4M3, optional V-Smooth, head dim 128:
 `vc-8bit`, `vc-8bit-vsmooth`, and `sage2-8bit`'s kernel. One schedule for every plan: three
 consumer warpgroups that each run QK, softmax and PV in order, a producer warpgroup feeding
-them by TMA (csrc/sm90/, one file per phase; mainloop.cuh is the kernel); four instances,
+them by TMA (csrc/, one file per phase; mainloop.cuh is the kernel); four instances,
 ExpCast or exp2 times V-Smooth or not.
 """
 
@@ -32,10 +32,10 @@ from pathlib import Path
 CSRC = Path(__file__).with_name("csrc")
 # What nvcc compiles (the kernel and its host side; the torch binding) and every header they
 # include, relative to CSRC: the build's inputs, all of them in the source hash.
-SOURCES = ("sm90/launch.cu", "binding.cpp")
-HEADERS = ("sm90/forward.cuh", "sm90/traits.cuh", "sm90/pipeline.cuh", "sm90/mma.cuh",
-           "sm90/wgmma.cuh", "sm90/softmax.cuh", "sm90/vsmooth.cuh", "sm90/epilogue.cuh",
-           "sm90/mainloop.cuh")
+SOURCES = ("launch.cu", "binding.cpp")
+HEADERS = ("forward.cuh", "traits.cuh", "pipeline.cuh", "mma.cuh",
+           "wgmma.cuh", "softmax.cuh", "vsmooth.cuh", "epilogue.cuh",
+           "mainloop.cuh")
 MEAN_BATCH = 16  # tiles per V-Smooth mean product (forward.cuh's MEAN_BATCH)
 IMPLEMENTATION = "vcbench-sm90"
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"
@@ -159,16 +159,14 @@ build.seconds = None
 
 
 def unsupported_reason(plan, head_dim: int = 128) -> str | None:
-    """Why the compiled kernel cannot run this plan, or None if it can (a subset of what the
-    Triton kernel runs: INT8 QK, per-channel V)."""
-    from vcbench.kernels.formats import E4M3, INT8
-    from vcbench.kernels.gpu import unsupported_reason as triton_reason
-    from vcbench.kernels.granularity import PerBlock, PerChannel
-    from vcbench.kernels.probability import ExpCast
+    """Why the compiled kernel cannot run this plan, or None if it can. It runs the 8-bit
+    Triton kernel's operands (`backends.triton.operands`), so a plan must first be one that
+    kernel takes; the sm90 backend checks that, this the kernel's own limits: INT8 QK, Q
+    scales per 16..128 rows, per-channel V, head dim 128."""
+    from vcbench.kernels.spec.formats import E4M3, INT8
+    from vcbench.kernels.spec.granularity import PerBlock, PerChannel
+    from vcbench.kernels.spec.probability import ExpCast
 
-    reason = triton_reason(plan)
-    if reason:
-        return reason
     if plan.q.fmt is not INT8:
         return "the compiled kernel takes INT8 Q/K"
     if plan.v.fmt is not E4M3 or not isinstance(plan.v.granularity, PerChannel):
@@ -185,7 +183,7 @@ def unsupported_reason(plan, head_dim: int = 128) -> str | None:
 
 def arguments(ops, plan) -> dict:
     """The kernel's scalar arguments for a plan (the compiled twin of gpu.kernel_switches)."""
-    from vcbench.kernels.probability import ExpCast
+    from vcbench.kernels.spec.probability import ExpCast
 
     expcast = isinstance(plan.p, ExpCast)
     return dict(n=ops.n, q_rows=plan.q.granularity.rows, expcast=expcast,
@@ -220,15 +218,15 @@ def run(ops, plan, out):
         raise RuntimeError(reason)
     means = ops.v_mean
     if means is not None:
-        # prepare_gpu blocks them when the plan runs here; else (operands prepared for the
-        # Triton kernel) a small copy per call
+        # the sm90 backend's preprocessing blocks them; operands prepared for the Triton
+        # kernel get a small copy per call
         means = ops.v_mean_blocked if ops.v_mean_blocked is not None else blocked_means(means)
     return module.forward(ops.q, ops.q_scale, ops.k, ops.k_scale, ops.v_t, ops.v_scale,
                           means, out, **arguments(ops, plan))
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vcbench.kernels.compiled",
+    ap = argparse.ArgumentParser(prog="python -m vcbench.kernels.backends.sm90.compiled",
                                  description="build or inspect the compiled sm_90a kernel")
     ap.add_argument("command", choices=("build", "status", "flags"))
     ap.add_argument("--verbose", action="store_true")

@@ -6,10 +6,10 @@ learned is left, so the forward pass is the format alone: Q, K, V in standard tw
 no smoothing, and P~ <= 1 microscaled directly with no per-row rescaling.
 """
 
-from vcbench.kernels.formats import E2M1
-from vcbench.kernels.granularity import Microscale16, Quantizer
-from vcbench.kernels.method import Method, Plan
-from vcbench.kernels.probability import NVFP4Probability
+from vcbench.kernels.spec.formats import E2M1
+from vcbench.kernels.spec.granularity import Microscale16, Quantizer
+from vcbench.kernels.spec.method import Method, Plan
+from vcbench.kernels.spec.probability import NVFP4Probability
 
 
 def build(opts) -> Plan:

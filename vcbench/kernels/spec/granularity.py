@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vcbench.kernels.formats import E4M3, Format, scale_for
+from vcbench.kernels.spec.formats import E4M3, Format, scale_for
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ drives this), `centroids` warm-starts k-means, `grid` (T, H, W) feeds the `cube`
 
 import torch
 
-from vcbench.kernels.expcast import DEFAULT_BETA, P_SCALE
-from vcbench.kernels.formats import E4M3
-from vcbench.kernels.method import Method, Option, Plan
-from vcbench.kernels.methods import sage2, sage3
-from vcbench.kernels.probability import ExpCast, ExpThenCast, NVFP4Probability
-from vcbench.kernels.vsmooth import ORDERS, VSmoothConfig
+from vcbench.kernels.spec.expcast import DEFAULT_BETA, P_SCALE
+from vcbench.kernels.spec.formats import E4M3
+from vcbench.kernels.spec.method import Method, Option, Plan
+from vcbench.kernels.spec.methods import sage2, sage3
+from vcbench.kernels.spec.probability import ExpCast, ExpThenCast, NVFP4Probability
+from vcbench.kernels.spec.vsmooth import ORDERS, VSmoothConfig
 
 VSMOOTH_OPTIONS = {
     "vsmooth": Option(True, "apply V-Smooth (False: the host kernel, as outside the window)",

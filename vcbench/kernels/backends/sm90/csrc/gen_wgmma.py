@@ -2,7 +2,7 @@
 
 Each wgmma names every accumulator register as an operand (64 or 68 of them), which is
 tedious and error-prone to type, so this script spells them out. Run it after changing a
-shape: `python vcbench/kernels/csrc/sm90/gen_wgmma.py` (the output is committed).
+shape: `python vcbench/kernels/backends/sm90/csrc/gen_wgmma.py` (the output is committed).
 """
 
 from pathlib import Path

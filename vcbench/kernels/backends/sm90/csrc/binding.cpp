@@ -4,7 +4,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
-#include "sm90/forward.cuh"
+#include "forward.cuh"
 
 #ifndef VC_SOURCE_HASH_ID
 #define VC_SOURCE_HASH_ID unknown
@@ -87,7 +87,7 @@ std::string describe() { return vc::describe(); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "VC-Attention forward for Hopper (sm_90a), vcbench";
-  m.def("forward", &forward, "attention of prepared operands (see sm90/forward.cuh)",
+  m.def("forward", &forward, "attention of prepared operands (see forward.cuh)",
         py::arg("q"), py::arg("q_scale"), py::arg("k"), py::arg("k_scale"), py::arg("v_t"),
         py::arg("v_scale"), py::arg("v_mean"), py::arg("out"), py::arg("n"), py::arg("q_rows"),
         py::arg("expcast"), py::arg("expcast_bias"), py::arg("log2_p_scale"));

@@ -2,7 +2,7 @@
 
 Each kernel reads the BF16/FP16 input once per pass and writes only codes, scales and block
 means: no high-precision intermediate goes back to HBM. They reproduce the emulation
-(`vcbench.kernels.online.prepare`) bit for bit: means are summed in FP64 (exact for 16-bit
+(`vcbench.kernels.reference.engine.prepare`) bit for bit: means are summed in FP64 (exact for 16-bit
 inputs, so the order of the sum does not matter), divisions are `div_rn`, roundings are
 nearest-even, conversions saturate.
 

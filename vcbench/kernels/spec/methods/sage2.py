@@ -10,10 +10,10 @@ held at FP22 precision, then added into FP32).
 exact QK path.
 """
 
-from vcbench.kernels.formats import E4M3, INT8
-from vcbench.kernels.granularity import PerBlock, PerChannel, PerWarp, Quantizer
-from vcbench.kernels.method import Method, Option, Plan
-from vcbench.kernels.probability import ExpThenCast
+from vcbench.kernels.spec.formats import E4M3, INT8
+from vcbench.kernels.spec.granularity import PerBlock, PerChannel, PerWarp, Quantizer
+from vcbench.kernels.spec.method import Method, Option, Plan
+from vcbench.kernels.spec.probability import ExpThenCast
 
 P_SCALE = 448.0
 V_PER_CHANNEL = Quantizer(E4M3, PerChannel())

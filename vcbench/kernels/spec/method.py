@@ -1,7 +1,7 @@
 """What a method is: a name, its quantizers, its options, and how they become a `Plan`.
 
 A method module (methods/*.py) declares one `Method`. The emulation engine (online.py) and the
-GPU backend (gpu.py) both read the `Plan` that `Method.plan(options)` builds, so they quantize the same
+GPU backends (backends/) both read the `Plan` that `Method.plan(options)` builds, so they quantize the same
 operands the same way.
 """
 
@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vcbench.errors import UserError
-from vcbench.kernels.granularity import Quantizer
-from vcbench.kernels.probability import PEncoder
-from vcbench.kernels.vsmooth import VSmoothConfig
+from vcbench.kernels.spec.granularity import Quantizer
+from vcbench.kernels.spec.probability import PEncoder
+from vcbench.kernels.spec.vsmooth import VSmoothConfig
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 

@@ -163,7 +163,7 @@ def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
 def launch(ops, out, *, qk_int8: bool, q_rows: int, expcast: bool, p_scale: float,
            vsmooth: bool, v_per_tile: bool, expcast_bias: float = 119.65, block_m: int = 128,
            block_n: int = 128, num_warps: int = 8, num_stages: int = 3):
-    """Run the kernel on prepared operands (`vcbench.kernels.gpu.GpuOperands`); out is
+    """Run the kernel on prepared operands (`operands.GpuOperands`); out is
     (B, H, N, D) in the input's dtype, any strides with a unit last stride. The launch
     configuration's defaults are the fastest measured on the H200 at the Wan2.2 shape
     (benchmarks/timing/sweep_triton.py)."""

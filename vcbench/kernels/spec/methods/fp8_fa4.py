@@ -5,10 +5,10 @@ FP32 exponential, scaled by 448 and cast to E4M3. `hadamard_qk` rotates Q and K 
 paper's strongest training-free treatment of the score product).
 """
 
-from vcbench.kernels.formats import E4M3
-from vcbench.kernels.granularity import PerBlock, Quantizer
-from vcbench.kernels.method import Method, Option, Plan
-from vcbench.kernels.probability import ExpThenCast
+from vcbench.kernels.spec.formats import E4M3
+from vcbench.kernels.spec.granularity import PerBlock, Quantizer
+from vcbench.kernels.spec.method import Method, Option, Plan
+from vcbench.kernels.spec.probability import ExpThenCast
 
 P_SCALE = 448.0
 

@@ -4,10 +4,10 @@ Q, K, V in BF16; S accumulated in FP32 and scaled after the product; exact FP32 
 rounded to BF16 for the PV product (as FlashAttention does); FP32 accumulation.
 """
 
-from vcbench.kernels.formats import BF16
-from vcbench.kernels.granularity import Quantizer, Unscaled
-from vcbench.kernels.method import Method, Plan
-from vcbench.kernels.probability import ExpThenCast
+from vcbench.kernels.spec.formats import BF16
+from vcbench.kernels.spec.granularity import Quantizer, Unscaled
+from vcbench.kernels.spec.method import Method, Plan
+from vcbench.kernels.spec.probability import ExpThenCast
 
 _bf16 = Quantizer(BF16, Unscaled())
 

@@ -55,6 +55,6 @@ def expcast_value(u: torch.Tensor, beta: float = DEFAULT_BETA) -> torch.Tensor:
 
 def exp_then_cast_value(u: torch.Tensor) -> torch.Tensor:
     """The conventional path: FP32 exp2(u + 8), then round to E4M3 (what ExpCast replaces)."""
-    from vcbench.kernels.formats import round_e4m3
+    from vcbench.kernels.spec.formats import round_e4m3
 
     return round_e4m3(torch.exp2(u.float() + 8.0))

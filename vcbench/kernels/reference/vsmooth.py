@@ -8,55 +8,27 @@
    output of non-causal attention unchanged: P' V' = P V.
 3. Block demeaning: the permuted V is cut into the kernel's fixed blocks of `block_rows`
    rows; each block's mean is subtracted and only the residual is quantized. The mean comes
-   back inside the online softmax from the row sum (Equation 6, see `online.py`).
+   back inside the online softmax from the row sum (Equation 6, see `engine.py`).
 
-The grouping schedule (appendix A) says, per denoising step, whether to regroup, reuse the
-cached permutation, or run the plain kernel.
+The configuration, the grouping's result and the grouping schedule (appendix A) are
+declarations: `spec/vsmooth.py`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from vcbench.errors import UserError
-from vcbench.kernels.formats import round_fp16, scale_for
-from vcbench.kernels.granularity import PerChannel, Quantized, Quantizer
-
-ORDERS = ("kmeans", "sequence", "cube", "balanced")
-Order = Literal["kmeans", "sequence", "cube", "balanced"]
-
-
-@dataclass(frozen=True)
-class VSmoothConfig:
-    """How V-Smooth groups and demeans. `block_rows` is the kernel's KV tile: one mean per
-    tile, restored once per tile."""
-
-    order: Order = "kmeans"
-    clusters: int = 32
-    iters: int = 10
-    warm_iters: int = 5  # from the last grouping's centroids: "halves its cost" (paper 3.2)
-    cube: tuple[int, int, int] = (2, 8, 8)
-    hadamard_v: bool = False
-    block_rows: int = 128
-
-
-@dataclass(frozen=True)
-class Grouping:
-    """A token order per (batch, head) and, for k-means, the centroids for a warm start.
-    `permutation`: int64 (B, H, N), new position i holds old token permutation[..., i]."""
-
-    permutation: torch.Tensor
-    centroids: torch.Tensor | None = None
-
+from vcbench.kernels.spec.formats import round_fp16, scale_for
+from vcbench.kernels.spec.granularity import PerChannel, Quantized, Quantizer
+from vcbench.kernels.spec.vsmooth import ORDERS, Grouping, VSmoothConfig
 
 SEED_SAMPLE = 4096
 
 
-def _initial_centroids(x: torch.Tensor, k: int, seed: int = 0) -> torch.Tensor:
+def initial_centroids(x: torch.Tensor, k: int, seed: int = 0) -> torch.Tensor:
     """k-means++ seeding: each next centroid is a token drawn with probability proportional to
     its squared distance from the centroids so far. The uniform draws come from a CPU generator
     with a fixed seed, so the choice is the same on every device and every run. Seeding is
@@ -86,7 +58,7 @@ def kmeans(x: torch.Tensor, k: int, iters: int, init: torch.Tensor | None = None
     centroids (..., k, D). An empty cluster keeps its previous centroid."""
     x = x.float()
     k = min(k, x.shape[-2])
-    c = _initial_centroids(x, k) if init is None else init.float().clone()
+    c = initial_centroids(x, k) if init is None else init.float().clone()
     for it in range(iters + 1):
         # ||x||^2 is the same for every centroid, so it does not change the argmin.
         dist = (c * c).sum(-1)[..., None, :] - 2.0 * (x @ c.transpose(-1, -2))
@@ -159,8 +131,10 @@ def cube_keys(grid: tuple[int, int, int], cube: tuple[int, int, int], n: int,
 
 
 def group(v: torch.Tensor, config: VSmoothConfig, grid: tuple[int, int, int] | None = None,
-          init: torch.Tensor | None = None) -> Grouping:
-    """Compute the token order of V-Smooth for v (B, H, N, D)."""
+          init: torch.Tensor | None = None, kmeans_fn=None) -> Grouping:
+    """Compute the token order of V-Smooth for v (B, H, N, D). `kmeans_fn` runs the Lloyd
+    iterations (`kmeans`'s signature; default `kmeans`): `vcbench.kernels.group` hands in the
+    GPU's for 16-bit CUDA values, which runs the same iterations from the same seeding."""
     *batch, n, _ = v.shape
     if config.order == "sequence":
         perm = torch.arange(n, device=v.device).expand(*batch, n).clone()
@@ -175,22 +149,9 @@ def group(v: torch.Tensor, config: VSmoothConfig, grid: tuple[int, int, int] | N
         return Grouping(torch.argsort(labels, dim=-1, stable=True))
     if config.order == "kmeans":
         iters = config.iters if init is None else config.warm_iters
-        labels, centroids = _kmeans_for(v, config.clusters)(v, config.clusters, iters, init)
+        labels, centroids = (kmeans_fn or kmeans)(v, config.clusters, iters, init)
         return Grouping(torch.argsort(labels, dim=-1, stable=True), centroids)
     raise UserError(f"unknown vsmooth_order {config.order!r}; choose from {', '.join(ORDERS)}")
-
-
-def _kmeans_for(v: torch.Tensor, k: int):
-    """The Triton k-means (`triton/kmeans.py`) for 16-bit CUDA inputs it can take, else the
-    torch one. Both run the same Lloyd iterations from the same seeding."""
-    from vcbench.kernels.gpu import triton_ready
-
-    fits = k >= 16 and k & (k - 1) == 0 and v.shape[-2] >= k and v.shape[-1] in (64, 128)
-    if v.is_cuda and v.dtype in (torch.bfloat16, torch.float16) and fits and triton_ready():
-        from vcbench.kernels.triton.kmeans import kmeans_gpu
-
-        return kmeans_gpu
-    return kmeans
 
 
 def permute_tokens(x: torch.Tensor, permutation: torch.Tensor) -> torch.Tensor:
@@ -262,63 +223,3 @@ def block_energy_share(v: torch.Tensor, block_rows: int, n_valid: int) -> torch.
     energy = ((v * valid[:, None]) ** 2).unflatten(-2, (np_ // block_rows, block_rows)).sum((-2, -1))
     removed = counts * (mu**2).sum(-1)
     return torch.where(energy > 0, removed / energy.clamp(min=torch.finfo(v.dtype).tiny), 0.0)
-
-
-Action = Literal["regroup", "reuse", "plain"]
-
-
-@dataclass(frozen=True)
-class GroupingSchedule:
-    """Which denoising steps group (appendix A).
-
-    `leading` (the paper's operating point): the first ceil(n * fraction) steps group, and the
-    permutation is recomputed on every `refresh_every`-th of them (steps 0, 4, 8 of a 40-step
-    run) and reused in between. `uniform`: the same number of grouping steps spread evenly over
-    the run (Table 3's ablation). `every`: all steps group. Outside the grouping steps the step
-    runs the host method's plain kernel (`after_window="plain"`, the paper's reading), or keeps
-    demeaning on the last permutation (`after_window="reuse"`).
-    """
-
-    num_steps: int
-    placement: Literal["leading", "uniform", "every"] = "leading"
-    fraction: float = 0.25
-    refresh_every: int = 4
-    after_window: Literal["plain", "reuse"] = "plain"
-
-    def __post_init__(self) -> None:
-        if self.num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
-        if not 0 < self.fraction <= 1:
-            raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
-        if self.refresh_every < 1:
-            raise ValueError(f"refresh_every must be >= 1, got {self.refresh_every}")
-        if self.placement not in ("leading", "uniform", "every"):
-            raise ValueError(f"unknown placement {self.placement!r}")
-        if self.after_window not in ("plain", "reuse"):
-            raise ValueError(f"unknown after_window {self.after_window!r}")
-
-    @property
-    def window(self) -> int:
-        """How many steps group: ceil(n * fraction), or n for `every`."""
-        if self.placement == "every":
-            return self.num_steps
-        return math.ceil(self.num_steps * self.fraction - 1e-9)
-
-    def grouping_steps(self) -> tuple[int, ...]:
-        n, w = self.num_steps, self.window
-        if self.placement == "uniform":
-            return tuple(sorted({(i * n) // w for i in range(w)}))
-        return tuple(range(w))
-
-    def regroup_steps(self) -> tuple[int, ...]:
-        return tuple(s for i, s in enumerate(self.grouping_steps()) if i % self.refresh_every == 0)
-
-    def action(self, step: int) -> Action:
-        if not 0 <= step < self.num_steps:
-            raise ValueError(f"step {step} outside a {self.num_steps}-step schedule")
-        steps = self.grouping_steps()
-        if step in steps:
-            return "regroup" if steps.index(step) % self.refresh_every == 0 else "reuse"
-        if self.after_window == "reuse" and step > steps[0]:
-            return "reuse"
-        return "plain"

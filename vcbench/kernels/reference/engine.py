@@ -19,11 +19,7 @@ from typing import Any
 import torch
 
 from vcbench.errors import UserError
-from vcbench.kernels.formats import round_fp22
-from vcbench.kernels.granularity import Microscale16, PerBlock, Quantized, Unscaled
-from vcbench.kernels.method import SUPPORTED_HEAD_DIMS, Plan
-from vcbench.kernels.rotation import hadamard, rotate
-from vcbench.kernels.vsmooth import (
+from vcbench.kernels.reference.vsmooth import (
     block_means,
     demean_and_quantize,
     group,
@@ -31,6 +27,10 @@ from vcbench.kernels.vsmooth import (
     token_mean,
     zero_rows,
 )
+from vcbench.kernels.spec.formats import round_fp22
+from vcbench.kernels.spec.granularity import Microscale16, PerBlock, Quantized, Unscaled
+from vcbench.kernels.spec.method import SUPPORTED_HEAD_DIMS, Plan
+from vcbench.kernels.spec.rotation import hadamard, rotate
 
 LOG2E = 1.0 / math.log(2.0)
 

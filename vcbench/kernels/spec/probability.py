@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 import torch
 
-from vcbench.kernels.expcast import (
+from vcbench.kernels.spec.expcast import (
     DEFAULT_BETA,
     P_SCALE,
     decode_e4m3_bytes,
     expcast_code_from_scores,
 )
-from vcbench.kernels.formats import E2M1, E4M3, Format
-from vcbench.kernels.granularity import Microscale16, Quantizer
+from vcbench.kernels.spec.formats import E2M1, E4M3, Format
+from vcbench.kernels.spec.granularity import Microscale16, Quantizer
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,52 @@
+"""Where a plan runs on the GPU: the backends in priority order, each saying what it takes.
+
+    external.FA4, external.CUDNN       exact BF16 attention (FlashAttention-4, else cuDNN)
+    external.SAGE2_OFFICIAL            SageAttention2's released configuration, if installed
+    sm90.SM90                          the compiled sm_90a kernel (INT8 QK, per-channel V)
+    triton.TRITON                      vcbench's Triton kernels (the 8-bit plans)
+
+The first that is available here and supports the plan (on inputs of this shape) runs it;
+`vcbench methods` prints every backend's reason for every method from the same list.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vcbench.kernels.backends.common import KERNEL_ENV, TILE, Backend, triton_ready
+from vcbench.kernels.backends.external import CUDNN, FA4, SAGE2_OFFICIAL
+from vcbench.kernels.backends.sm90 import SM90
+from vcbench.kernels.backends.triton import TRITON
+from vcbench.kernels.spec.method import Plan
+
+BACKENDS: tuple[Backend, ...] = (FA4, CUDNN, SAGE2_OFFICIAL, SM90, TRITON)
+__all__ = ["BACKENDS", "CUDNN", "FA4", "KERNEL_ENV", "SAGE2_OFFICIAL", "SM90", "TILE", "TRITON",
+           "Backend", "reasons", "run", "select", "triton_ready", "why_none"]
+
+
+def reasons(plan: Plan, shape: tuple[int, ...] | None = None) -> list[tuple[Backend, str | None]]:
+    """Each backend with None (it would run `plan`) or why it would not, in priority order."""
+    out = []
+    for b in BACKENDS:
+        why = b.supports(plan, shape) or b.available()
+        out.append((b, why))
+    return out
+
+
+def select(plan: Plan, shape: tuple[int, ...] | None = None) -> Backend | None:
+    """The backend that runs `plan` (on (B, H, N, D) inputs of `shape`) here, or None."""
+    for b in BACKENDS:
+        if b.supports(plan, shape) is None and b.available() is None:
+            return b
+    return None
+
+
+def why_none(plan: Plan, shape: tuple[int, ...] | None = None) -> str:
+    """One line: why no backend runs `plan` here."""
+    return "; ".join(f"{b.name}: {why}" for b, why in reasons(plan, shape) if why)
+
+
+def run(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan,
+        call: dict) -> torch.Tensor:
+    """HND in, HND out in the input dtype."""
+    return backend.run(q, k, v, plan, call)

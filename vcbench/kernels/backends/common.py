@@ -1,0 +1,74 @@
+"""What every GPU backend is: a name, where it can run, which plans it computes, and the call.
+
+A backend reads the method's `Plan` and nothing else about it (no method names): it declares
+the plans it computes exactly, `supports(plan, shape)`, and `vcbench.kernels.backends` tries
+the backends in priority order. The vcbench kernels split a call into the fused preprocessing
+(`prepare`, timed apart as the paper times it) and the attention kernel (`run_prepared`); an
+external kernel does both in `run`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from vcbench.errors import UserError
+from vcbench.kernels.spec.method import Plan
+
+KERNEL_ENV = "VCBENCH_KERNEL"  # auto (default) | sm90 | triton: which vcbench kernel may run
+TILE = 128  # the vcbench kernels' query and key tile, the K scale block, V-Smooth's block
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One GPU implementation. `available()` and `supports(plan, shape)` return None when it
+    can run (here; this plan on (B, H, N, D) inputs), else one line saying why not. `run(q, k,
+    v, plan, call)` computes HND attention into a new tensor; `call` holds the per-call options
+    (permutation, grid, centroids, sm_scale). `prepare` and `run_prepared`, where the backend
+    has them, are its two halves."""
+
+    name: str
+    available: Callable[[], str | None]
+    supports: Callable[[Plan, tuple[int, ...]], str | None]
+    run: Callable[..., torch.Tensor]
+    prepare: Callable[..., Any] | None = None
+    run_prepared: Callable[..., torch.Tensor] | None = None
+
+
+def kernel_preference() -> str:
+    choice = os.environ.get(KERNEL_ENV, "").strip().lower() or "auto"
+    if choice not in ("auto", "triton", "sm90"):
+        raise UserError(f"{KERNEL_ENV} must be 'auto', 'triton' or 'sm90', got {choice!r}")
+    return choice
+
+
+@lru_cache(maxsize=1)
+def triton_ready() -> bool:
+    """CUDA, a Hopper-or-newer GPU (FP8 tensor cores), and Triton importable."""
+    if not torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
+        return False
+    return torch.cuda.get_device_capability() >= (9, 0)
+
+
+def triton_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed"
+    if torch.cuda.get_device_capability() < (9, 0):
+        return "needs a Hopper-or-newer GPU (FP8 tensor cores)"
+    return None
+
+
+def split_prepared(prepare, run_prepared):
+    """`run` for a backend made of a preprocessing and a kernel."""
+    def run(q, k, v, plan: Plan, call: dict) -> torch.Tensor:
+        ops = prepare(q, k, v, plan, **call)
+        return run_prepared(ops, plan, torch.empty_like(q))
+    return run

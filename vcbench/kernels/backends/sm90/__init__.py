@@ -1,0 +1,52 @@
+"""The compiled sm_90a backend: `compiled.py` builds, loads and runs `csrc/` (one file per
+phase of the kernel). It reads the 8-bit Triton preprocessing's operands, with V-Smooth's
+means blocked as its mean product reads them. It runs where a current build exists (`make
+kernels`) and VCBENCH_KERNEL is not `triton`; `sm90` says in one line why a plan it takes
+falls back."""
+
+from __future__ import annotations
+
+import warnings
+from functools import lru_cache
+
+from vcbench.kernels.backends.common import Backend, kernel_preference, split_prepared
+from vcbench.kernels.backends.sm90 import compiled
+from vcbench.kernels.backends.triton import operands
+
+# The grid holds one (batch, head) per row of CTAs: CUDA's 65535 limit on a grid's second
+# axis. Past it the Triton kernel (1-D grid) runs the call.
+MAX_BATCH_HEADS = 65535
+
+
+def supports(plan, shape=None) -> str | None:
+    reason = operands.unsupported_reason(plan) or compiled.unsupported_reason(
+        plan, shape[-1] if shape is not None else 128)
+    if reason is None and shape is not None and shape[0] * shape[1] > MAX_BATCH_HEADS:
+        reason = f"batch x heads above {MAX_BATCH_HEADS}"
+    return reason
+
+
+@lru_cache(maxsize=64)
+def _fallback_note(reason: str) -> None:
+    warnings.warn(f"VCBENCH_KERNEL=sm90: {reason}; running the Triton kernel", stacklevel=4)
+
+
+def available() -> str | None:
+    preference = kernel_preference()
+    if preference == "triton":
+        return "VCBENCH_KERNEL=triton"
+    reason = compiled.status()
+    if reason is not None and preference == "sm90":
+        _fallback_note(reason)
+    return reason
+
+
+def prepare(q, k, v, plan, **call):
+    ops = operands.prepare_gpu(q, k, v, plan, **call)
+    if ops.v_mean is not None:
+        ops.v_mean_blocked = compiled.blocked_means(ops.v_mean)
+    return ops
+
+
+SM90 = Backend(compiled.IMPLEMENTATION, available, supports,
+               split_prepared(prepare, compiled.run), prepare, compiled.run)

@@ -1,0 +1,161 @@
+"""The 8-bit kernels' operands: which plans the Triton attention kernel computes, and the fused
+preprocessing that quantizes Q, K and V for it (and for the compiled sm90 kernel).
+
+A plan runs here when it is one the kernel implements: 8-bit Q/K in INT8 or E4M3, E4M3 V per
+channel or per KV tile, P by exp-then-cast to E4M3 or by ExpCast, optional V-Smooth, 128x128
+tiles, FP32 accumulation. The plan decides the kernel's switches (`kernel_switches`), so the
+emulation and the kernel read one declaration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vcbench.errors import UserError
+from vcbench.kernels.backends.common import TILE
+from vcbench.kernels.reference.engine import softmax_scale_log2
+from vcbench.kernels.reference.vsmooth import token_mean
+from vcbench.kernels.spec.formats import E4M3, INT8, scale_for
+from vcbench.kernels.spec.granularity import PerBlock, PerChannel
+from vcbench.kernels.spec.method import Plan
+from vcbench.kernels.spec.probability import ExpCast, ExpThenCast
+from vcbench.kernels.spec.rotation import rotate
+
+# The GPU kernels never clamp ExpCast's code at 120: the row maximum's t = 120 + beta plus the
+# rounding of m (a few ulps of 8m) stays below 120.5 when beta <= 0.25, even at |m| ~ 2^16.
+# (The compiled kernel's byte packing also relies on codes below 256.)
+EXPCAST_BETA_MAX = 0.25
+
+
+def unsupported_reason(plan: Plan, shape: tuple[int, ...] | None = None) -> str | None:
+    """Why the 8-bit Triton kernel cannot run this plan, or None if it can (any shape the
+    emulation takes: 64-bit offsets, 1-D grids)."""
+    if plan.q.fmt not in (INT8, E4M3) or plan.k.fmt is not plan.q.fmt:
+        return "Q/K must be INT8 or E4M3"
+    if not isinstance(plan.k.granularity, PerBlock) or plan.k.granularity.rows != TILE:
+        return "K needs one scale per 128-token block"
+    if not isinstance(plan.q.granularity, PerBlock):
+        return "Q needs per-block or per-warp scales"
+    if plan.v.fmt is not E4M3 or not isinstance(plan.v.granularity, (PerChannel, PerBlock)):
+        return "V must be E4M3 per channel or per block"
+    if not isinstance(plan.p, (ExpCast, ExpThenCast)) or (
+            isinstance(plan.p, ExpThenCast) and plan.p.fmt is not E4M3):
+        return "P must be E4M3"
+    if isinstance(plan.p, ExpCast) and not plan.p.beta <= EXPCAST_BETA_MAX:
+        return (f"ExpCast's beta must be at most {EXPCAST_BETA_MAX:g} on the GPU kernels (they "
+                "reach the emulation's clip at code 120 by t <= 120 + beta, not by a clamp)")
+    if plan.accum != "fp32":
+        return "only FP32 accumulation"
+    if plan.smooth_q or plan.block_m != TILE or plan.block_n != TILE:
+        return "only 128x128 tiles without Q smoothing"
+    if plan.vsmooth is not None and plan.vsmooth.hadamard_v:
+        return "hadamard_v is an emulation-only ablation"
+    return None
+
+
+@dataclass
+class GpuOperands:
+    """What the attention kernel reads: codes, scales and block means, HND, N padded."""
+
+    q: torch.Tensor
+    q_scale: torch.Tensor
+    k: torch.Tensor
+    k_scale: torch.Tensor
+    v_t: torch.Tensor  # (B, H, D, N_pad): transposed, as the FP8 PV product wants it
+    v_scale: torch.Tensor  # per channel (B, H, D) or per block (B, H, N_pad / 128)
+    v_mean: torch.Tensor | None
+    n: int
+    permutation: torch.Tensor | None = None
+    # v_mean as the compiled kernel reads it (compiled.blocked_means), written by the sm90
+    # backend's preprocessing, so it is timed as preprocessing
+    v_mean_blocked: torch.Tensor | None = None
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=None,
+                sm_scale=None) -> GpuOperands:
+    """The fused preprocessing: HND 16-bit inputs -> quantized operands."""
+    from vcbench.kernels.backends.triton import quantize as tq
+
+    reason = unsupported_reason(plan)
+    if reason:
+        raise UserError(f"no GPU kernel for this configuration: {reason}")
+    b, h, n, d = q.shape
+    n_pad = -(-n // TILE) * TILE
+    scale_log2 = softmax_scale_log2(d, sm_scale)
+    fmt = tq.FMT_INT8 if plan.q.fmt is INT8 else tq.FMT_E4M3
+    code_dtype = torch.int8 if plan.q.fmt is INT8 else torch.float8_e4m3fn
+    dev = q.device
+
+    if plan.vsmooth is not None and permutation is None:
+        from vcbench.kernels.backends.triton.kmeans import grouping
+
+        permutation = grouping(v, plan.vsmooth, grid=grid, init=centroids).permutation
+    perm = None if permutation is None else permutation.to(dev, torch.int32).contiguous()
+
+    def rows(x, rows_per_scale, mean=None, multiplier=None, gather=None):
+        out = torch.empty(b, h, n_pad, d, device=dev, dtype=code_dtype)
+        scale = torch.empty(b, h, n_pad // rows_per_scale, device=dev, dtype=torch.float32)
+        x = _last_dim_contiguous(x)
+        tq._quantize_rows[(n_pad // rows_per_scale * b * h,)](
+            x, gather if gather is not None else scale, mean if mean is not None else scale,
+            out, scale, n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,
+            multiplier if multiplier is not None else 1.0, ROWS=rows_per_scale, D=d, FMT=fmt,
+            HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
+            MULTIPLY=multiplier is not None)
+        return out, scale
+
+    q_rows = plan.q.granularity.rows
+    if plan.hadamard_qk:  # unfused: rotation in torch, exactly as the emulation orders it
+        qf = rotate(q.float() * torch.tensor(scale_log2, dtype=torch.float32, device=dev))
+        kf = k.float()
+        if perm is not None:
+            kf = torch.gather(kf, 2, perm.long()[..., None].expand_as(kf))
+        if plan.smooth_k:
+            kf = kf - token_mean(kf)
+        qc, qs = rows(qf, q_rows)
+        kc, ks = rows(rotate(kf), TILE)
+    else:
+        qc, qs = rows(q, q_rows, multiplier=scale_log2)
+        k = _last_dim_contiguous(k)
+        mean = tq.token_mean_gpu(k) if plan.smooth_k else None
+        kc, ks = rows(k, TILE, mean=mean, gather=perm)
+
+    v = _last_dim_contiguous(v)
+    n_blocks = n_pad // TILE
+    v_t = torch.empty(b, h, d, n_pad, device=dev, dtype=torch.float8_e4m3fn)
+    demean = plan.vsmooth is not None
+    per_block = isinstance(plan.v.granularity, PerBlock)
+    means = stored = None
+    if per_block:
+        v_scale = torch.empty(b, h, n_blocks, device=dev, dtype=torch.float32)
+    else:
+        means = torch.empty(b, h, n_blocks, d, device=dev, dtype=torch.float32)
+        block_amax = torch.empty(b, h, n_blocks, d, device=dev, dtype=torch.float32)
+        tq._v_block_stats[(n_blocks * b * h,)](
+            v, perm if perm is not None else block_amax, means, block_amax, n, n_blocks,
+            v.stride(0), v.stride(1), v.stride(2), h, ROWS=TILE, D=d,
+            HAS_PERM=perm is not None, DEMEAN=demean)
+        v_scale = scale_for(block_amax.amax(2), E4M3.max)
+        if demean:  # as vsmooth.demean_and_quantize: zero-residual channels keep scale 1
+            v_scale = torch.where(v_scale > 0, v_scale, torch.ones_like(v_scale))
+            stored = torch.empty(b, h, n_blocks, d, device=dev, dtype=torch.float16)
+    tq._quantize_v[(n_blocks * b * h,)](
+        v, perm if perm is not None else v_scale, means if means is not None else v_scale,
+        v_scale, v_t, stored if stored is not None else v_scale, n, n_pad,
+        v.stride(0), v.stride(1), v.stride(2), h, ROWS=TILE, D=d,
+        HAS_PERM=perm is not None, DEMEAN=demean, PER_BLOCK=per_block)
+    return GpuOperands(qc, qs, kc, ks, v_t, v_scale, stored, n, permutation)
+
+
+def kernel_switches(plan: Plan) -> dict:
+    expcast = isinstance(plan.p, ExpCast)
+    return dict(qk_int8=plan.q.fmt is INT8, q_rows=plan.q.granularity.rows, expcast=expcast,
+                p_scale=float(plan.p.scale), vsmooth=plan.vsmooth is not None,
+                v_per_tile=isinstance(plan.v.granularity, PerBlock),
+                expcast_bias=120.0 + (plan.p.beta if expcast else 0.0))
