@@ -75,15 +75,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
     opts = m.resolve(options)
     from vcbench.kernels import gpu
 
-    if backend == "auto":  # the GPU when it has a kernel for these very options
-        runnable = gpu.implementation(m) is not None and (
-            m.name == "bf16" or gpu.unsupported_reason(m.build(opts)) is None)
-        backend = "gpu" if q.is_cuda and runnable else "emulate"
+    if tensor_layout == "NHD":
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    if backend == "auto":  # the GPU when it has a kernel for these very options and shape
+        has_kernel = q.is_cuda and gpu.implementation(m) is not None
+        reason = None
+        if has_kernel and m.name != "bf16":
+            reason = gpu.kernel_unsupported_reason(m.build(opts), tuple(q.shape))
+            if reason is not None:
+                gpu.fallback_note(m.name, reason)
+        backend = "gpu" if has_kernel and reason is None else "emulate"
     if backend == "gpu" and gpu.implementation(m) is None:
         raise UserError(f"no GPU kernel for {m.name!r} on this machine "
                         f"(backends here: {', '.join(available_backends(m))})")
-    if tensor_layout == "NHD":
-        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
     if backend == "gpu":
         out = gpu.gpu_attention(q, k, v, m, opts)
     else:

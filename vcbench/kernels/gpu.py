@@ -6,6 +6,9 @@ optional V-Smooth, 128x128 tiles, FP32 accumulation). The plan decides the kerne
 so the emulation and the kernel read one declaration. `bf16` runs FlashAttention-4
 (`flash_attn.cute`) when it is installed, else cuDNN SDPA; `sage2-8bit` runs the official
 `sageattention` package when it is installed; both say which in `implementation(...)`.
+NVFP4 plans (E2M1 Q/K/V under per-16 E4M3 microscales, NVFP4 P: sage3-4bit, vc-4bit,
+attnqat-tf) run on `triton/nvfp4.py` + `triton/nvfp4_attention.py`, NVFP4 computed exactly on
+16-bit tensor cores: a fidelity kernel, labelled `NVFP4_IMPLEMENTATION` wherever it is named.
 The plans the compiled Hopper kernel covers (`compiled.py`) run on it when a current build
 exists (`make kernels`), else on Triton. VCBENCH_KERNEL=auto (default) | sm90 (as auto, but
 a missing build is said in one line) | triton (never the compiled kernel).
@@ -22,15 +25,18 @@ from functools import lru_cache
 import torch
 
 from vcbench.errors import UserError
-from vcbench.kernels.formats import E4M3, INT8, scale_for
-from vcbench.kernels.granularity import PerBlock, PerChannel
+from vcbench.kernels.formats import E2M1, E4M3, INT8, scale_for
+from vcbench.kernels.granularity import Microscale16, PerBlock, PerChannel
 from vcbench.kernels.method import Method, Plan
 from vcbench.kernels.online import softmax_scale_log2
-from vcbench.kernels.probability import ExpCast, ExpThenCast
+from vcbench.kernels.probability import ExpCast, ExpThenCast, NVFP4Probability
 from vcbench.kernels.rotation import rotate
 from vcbench.kernels.vsmooth import group, token_mean
 
 TILE = 128
+# NVFP4 emulated exactly on FP16 tensor cores: its times are no FP4 kernel's (module docstring).
+NVFP4_IMPLEMENTATION = "vcbench-triton (nvfp4 on fp16 mma)"
+MAX_GRID_Y = 65535  # CUDA's limit on the second grid axis, where the kernels put batch x heads
 KERNEL_ENV = "VCBENCH_KERNEL"  # auto (default) | sm90 | triton: see the module docstring
 
 
@@ -96,6 +102,61 @@ def unsupported_reason(plan: Plan) -> str | None:
     return None
 
 
+def nvfp4_unsupported_reason(plan: Plan) -> str | None:
+    """Why the NVFP4 kernel cannot run this plan, or None if it can."""
+    operands = (plan.q, plan.k, plan.v)
+    if any(x.fmt is not E2M1 or not isinstance(x.granularity, Microscale16)
+           or x.granularity.size != 16 for x in operands):
+        return "Q, K, V must be NVFP4 (E2M1 under per-16 E4M3 microscales)"
+    if (plan.q.granularity.axis, plan.k.granularity.axis, plan.v.granularity.axis) != (-1, -1, -2):
+        return "microscales must run along the contraction axes (head dim for Q and K, tokens for V)"
+    if not isinstance(plan.p, NVFP4Probability):
+        return "P must be NVFP4"
+    q_outer, k_outer = plan.q.granularity.global_scale, plan.k.granularity.global_scale
+    if q_outer != k_outer:
+        return "Q and K take a per-tensor scale together or not at all"
+    if q_outer and (plan.smooth_q or plan.smooth_k):
+        return "a per-tensor Q/K scale only on unsmoothed Q and K"
+    if plan.v.granularity.global_scale and plan.vsmooth is not None:
+        return "a per-tensor V scale only without V-Smooth"
+    if not plan.fold_scale_into_q:
+        return "the softmax scale must be folded into Q"
+    if plan.accum != "fp32":
+        return "only FP32 accumulation"
+    if plan.vsmooth is not None and plan.vsmooth.hadamard_v:
+        return "hadamard_v is an emulation-only ablation"
+    if plan.vsmooth is not None and plan.vsmooth.block_rows != plan.block_n:
+        return "V-Smooth blocks must be the KV tile"
+    return None
+
+
+def nvfp4_shape_reason(shape: tuple[int, ...]) -> str | None:
+    """Why the NVFP4 kernel cannot take inputs of this (B, H, N, D) shape, or None."""
+    b, h, _, d = shape
+    if b * h > MAX_GRID_Y:
+        return f"batch x heads = {b * h} is above the kernel grid's {MAX_GRID_Y}"
+    if d % 16:
+        return f"head dim {d} is not a whole number of 16-element microscale groups"
+    return None
+
+
+def kernel_unsupported_reason(plan: Plan, shape: tuple[int, ...] | None = None) -> str | None:
+    """Why no vcbench GPU kernel runs `plan` (on inputs of `shape`, if given), or None."""
+    eight_bit = unsupported_reason(plan)
+    if eight_bit is None:
+        return None
+    fp4 = nvfp4_unsupported_reason(plan)
+    if fp4 is None:
+        return nvfp4_shape_reason(shape) if shape is not None else None
+    return fp4 if plan.q.fmt is E2M1 else eight_bit
+
+
+@lru_cache(maxsize=64)
+def fallback_note(method: str, reason: str) -> None:
+    warnings.warn(f"{method}: no GPU kernel for these options or this shape ({reason}); "
+                  "running the emulation", stacklevel=3)
+
+
 def kernel_preference() -> str:
     choice = os.environ.get(KERNEL_ENV, "").strip().lower() or "auto"
     if choice not in ("auto", "triton", "sm90"):
@@ -139,6 +200,8 @@ def implementation(method: Method) -> str | None:
         return f"sageattention {official_sageattention()[1]} (official)"
     if unsupported_reason(method.plan()) is None:
         return "vcbench-sm90" if compiled_for(method.plan()) else "vcbench-triton"
+    if nvfp4_unsupported_reason(method.plan()) is None:
+        return NVFP4_IMPLEMENTATION
     return None
 
 
@@ -166,12 +229,18 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=None,
                 sm_scale=None) -> GpuOperands:
-    """The fused preprocessing: HND 16-bit inputs -> quantized operands."""
-    from vcbench.kernels.triton import quantize as tq
-
-    reason = unsupported_reason(plan)
+    """The fused preprocessing: HND 16-bit inputs -> quantized operands (`GpuOperands`, or
+    for an NVFP4 plan `triton.nvfp4.Nvfp4Operands`)."""
+    reason = kernel_unsupported_reason(plan, tuple(q.shape))
     if reason:
         raise UserError(f"no GPU kernel for this configuration: {reason}")
+    if unsupported_reason(plan) is not None:  # an NVFP4 plan
+        from vcbench.kernels.triton import nvfp4
+
+        return nvfp4.prepare(q, k, v, plan, permutation=permutation, grid=grid,
+                             centroids=centroids, sm_scale=sm_scale)
+    from vcbench.kernels.triton import quantize as tq
+
     b, h, n, d = q.shape
     n_pad = -(-n // TILE) * TILE
     scale_log2 = softmax_scale_log2(d, sm_scale)
@@ -253,6 +322,10 @@ def kernel_switches(plan: Plan) -> dict:
 
 def run_prepared(ops: GpuOperands, plan: Plan, out: torch.Tensor, **tuning) -> torch.Tensor:
     """Triton switches in `tuning` pick the Triton kernel; `variant=` the compiled one."""
+    if not isinstance(ops, GpuOperands):  # NVFP4 operands: the NVFP4 kernel
+        from vcbench.kernels.triton.nvfp4_attention import launch as launch_nvfp4
+
+        return launch_nvfp4(ops, plan, out, **tuning)
     if "variant" in tuning or (not tuning and compiled_for(plan, ops.q.shape[-1])):
         from vcbench.kernels import compiled
 
