@@ -17,7 +17,9 @@ One byte per code, not two codes per byte: the attention kernel dequantizes to F
 16-bit MMA, so packing would only add an unpack. Roundings are done in integer and float
 arithmetic with explicit ties-to-even (the magic-number add), never by a conversion, so the
 codes do not depend on how a compiler lowers a cast; divisions are `div_rn`; block means are
-summed in FP64, as the emulation sums them.
+summed in FP64, as the emulation sums them. Both kernels are compiled with
+`enable_fp_fusion=False`: the scale fold q * c followed by Q smoothing's subtraction would
+otherwise become one FMA, rounded once where the emulation rounds twice.
 """
 
 from __future__ import annotations
@@ -217,7 +219,6 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     accepts."""
     from vcbench.kernels.online import softmax_scale_log2
     from vcbench.kernels.rotation import rotate
-    from vcbench.kernels.triton.quantize import token_mean_gpu
     from vcbench.kernels.vsmooth import group, token_mean
 
     b, h, n, d = q.shape
@@ -251,8 +252,12 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
             q_mean if q_mean is not None else spare, n, n_pad, x.stride(0), x.stride(1),
             x.stride(2), h, float(multiplier) if multiplier is not None else 1.0, ROWS=rows, D=d,
             HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
-            MULTIPLY=multiplier is not None, SMOOTH=smooth, OUTER=outer is not None)
+            MULTIPLY=multiplier is not None, SMOOTH=smooth, OUTER=outer is not None,
+            enable_fp_fusion=False)
         return codes, scales, q_mean
+
+    def token_mean_fp32(x):  # vsmooth.token_mean of x in FP32, without an FP32 or FP64 copy
+        return (x.sum(dim=-2, dtype=torch.float64) / n).float().reshape(b * h, d).contiguous()
 
     k_mean = None
     if plan.hadamard_qk:  # rotations in torch, exactly as the emulation orders them
@@ -268,14 +273,14 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
         kc, ks, _ = quantize_qk(kf, plan.k, bn, nk_pad, outer=k_out)
         del kf
         if plan.smooth_q:
-            k_mean = token_mean_gpu(k) if plan.smooth_k else torch.zeros(b * h, d, device=dev)
+            k_mean = token_mean_fp32(k) if plan.smooth_k else torch.zeros(b * h, d, device=dev)
     else:
         q_out, k_out = outer_of(q, plan.q, scale_log2), outer_of(k, plan.k)
         qc, qs, q_mean = quantize_qk(q, plan.q, bm, nq_pad, multiplier=scale_log2.item(),
                                      smooth=plan.smooth_q, outer=q_out)
         k = _last_dim_contiguous(k)
         if plan.smooth_k:
-            k_mean = token_mean_gpu(k)
+            k_mean = token_mean_fp32(k)
         kc, ks, _ = quantize_qk(k, plan.k, bn, nk_pad, mean=k_mean, gather=perm, outer=k_out)
         if plan.smooth_q and k_mean is None:
             k_mean = torch.zeros(b * h, d, device=dev)
@@ -289,7 +294,8 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     _quantize_v[(nk_pad // bn, b * h)](
         v, perm if perm is not None else vs, v_out if v_out is not None else vs, vc, vs,
         v_mean if v_mean is not None else vs, n, nk_pad, v.stride(0), v.stride(1), v.stride(2),
-        h, ROWS=bn, D=d, HAS_PERM=perm is not None, DEMEAN=demean, OUTER=v_out is not None)
+        h, ROWS=bn, D=d, HAS_PERM=perm is not None, DEMEAN=demean, OUTER=v_out is not None,
+        enable_fp_fusion=False)
 
     bias_q = None
     if q_mean is not None:
