@@ -132,11 +132,14 @@ def nvfp4_unsupported_reason(plan: Plan) -> str | None:
 
 def nvfp4_shape_reason(shape: tuple[int, ...]) -> str | None:
     """Why the NVFP4 kernel cannot take inputs of this (B, H, N, D) shape, or None."""
-    b, h, _, d = shape
+    b, h, n, d = shape
     if b * h > MAX_GRID_Y:
         return f"batch x heads = {b * h} is above the kernel grid's {MAX_GRID_Y}"
     if d % 16:
         return f"head dim {d} is not a whole number of 16-element microscale groups"
+    n_pad = -(-n // TILE) * TILE
+    if n_pad * d >= 2**31:  # the kernel's offsets inside one head are 32-bit
+        return f"N x D = {n_pad} x {d} is 2^31 elements or more per head"
     return None
 
 

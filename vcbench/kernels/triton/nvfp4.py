@@ -191,8 +191,8 @@ class Nvfp4Operands:
     v_mean: torch.Tensor | None = None
     # Q smoothing: the block means (as the emulation's q_mean), the vector each query block
     # dots with the smoothed keys (the means, or their Hadamard rotation: (q H) . k = q . (k H)
-    # for the symmetric H), and what the bias reads of K: the 16-bit input, gathered through
-    # the permutation, minus its token mean.
+    # for the symmetric H), and what the bias reads of K: the 16-bit input (contiguous HND),
+    # gathered through the permutation, minus its token mean.
     q_mean: torch.Tensor | None = None
     bias_q: torch.Tensor | None = None
     k_mean: torch.Tensor | None = None
@@ -304,5 +304,5 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
         q=qc, q_scale=qs, k=kc, k_scale=ks, v=vc, v_scale=vs, n=n, block_m=bm, block_n=bn,
         q_outer=q_out, k_outer=k_out, v_outer=v_out, v_mean=v_mean, q_mean=q_mean,
         bias_q=None if bias_q is None else bias_q.contiguous(), k_mean=k_mean,
-        k_input=_last_dim_contiguous(k) if q_mean is not None else None, perm=perm,
+        k_input=k.contiguous() if q_mean is not None else None, perm=perm,
         permutation=permutation)

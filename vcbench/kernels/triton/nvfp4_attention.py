@@ -22,7 +22,10 @@ One program owns BLOCK_M query rows (one Q-smoothing block) of one (batch, head)
       l    = alpha l + r
     O = acc [* v_outer] / l                             one epilogue
 
-Offsets that can pass 2^31 elements (the (batch, head) base, row times stride) are 64-bit.
+Offsets that can pass 2^31 elements are 64-bit: each (batch, head)'s base is added to the
+pointers once, in 64 bits; offsets inside one head's operands (rows * D + column, below
+N_pad * D < 2^31, which `gpu.nvfp4_shape_reason` requires) stay 32-bit, so a tile of
+pointers is one 64-bit base plus 32-bit offsets rather than a tile of 64-bit products.
 """
 
 from __future__ import annotations
@@ -32,43 +35,43 @@ import triton.language as tl
 
 from vcbench.kernels.triton.nvfp4 import OUTER_DIVISOR, codes_twice, microscale
 
+P_ROW_DIVISOR = tl.constexpr(OUTER_DIVISOR)  # SageAttention3's s1 = rowmax(P~) / (448 * 6)
+
 
 @triton.jit
-def _dequantize_rows(Codes, Scales, base_codes, base_scales, rows, valid, D: tl.constexpr):
-    """Q or K rows (R, D) in FP16: codes/2 times the microscale of their 16-column group."""
+def _dequantize_rows(Codes, Scales, rows, D: tl.constexpr):
+    """Q or K rows (R, D) of one head (pointers at its base) in FP16: codes/2 times the
+    microscale of their 16-column group."""
+    R: tl.constexpr = rows.shape[0]
     cols = tl.arange(0, D)
-    r64 = rows.to(tl.int64)
-    codes = tl.load(Codes + base_codes + r64[:, None] * D + cols[None, :], mask=valid[:, None],
-                    other=0)
-    scale = tl.load(Scales + base_scales + r64[:, None] * (D // 16) + (cols // 16)[None, :],
-                    mask=valid[:, None], other=0.0)
+    codes = tl.load(Codes + rows[:, None] * D + cols[None, :])
+    scale = tl.load(Scales + rows[:, None] * (D // 16) + tl.arange(0, D // 16)[None, :])
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (R, D // 16, 16)), (R, D))
     return (codes.to(tl.float32) * 0.5 * scale.to(tl.float32)).to(tl.float16)
 
 
 @triton.jit
-def _kv_tile(acc, m_i, l_i, q, bias_q, q_outer, k_outer, Kc, Ks, Vc, Vs, VM, KIn, KMean, Perm,
-             bh, b, h, j, n, n_k_pad, stride_kb, stride_kh, stride_kn,
-             OUTER_QK: tl.constexpr, BIAS: tl.constexpr, HAS_PERM: tl.constexpr,
+def _kv_tile(acc, m_i, l_i, q, bias_q, k_mean, q_outer, k_outer, Kc, Ks, Vc, Vs, VM, KIn,
+             Perm, j, n, OUTER_QK: tl.constexpr, BIAS: tl.constexpr, HAS_PERM: tl.constexpr,
              VSMOOTH: tl.constexpr, TWO_LEVEL: tl.constexpr, MASK: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
-    """One KV tile; MASK only for the tile that holds padded keys."""
+    """One KV tile; MASK only for the tile that holds padded keys. Every pointer is at its
+    (batch, head)'s base."""
     keys = j * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, D)
     real = keys < n
-    k = _dequantize_rows(Kc, Ks, bh * n_k_pad * D, bh * n_k_pad * (D // 16), keys,
-                         keys < n_k_pad, D)
+    k = _dequantize_rows(Kc, Ks, keys, D)
     s = tl.dot(q, tl.trans(k))
     if OUTER_QK:
         s = s * q_outer
         s = s * k_outer
     if BIAS:
-        src = keys.to(tl.int64)
+        src = keys
         if HAS_PERM:
-            src = tl.load(Perm + bh * n + keys, mask=real, other=0).to(tl.int64)
-        kin = tl.load(KIn + b * stride_kb + h * stride_kh + src[:, None] * stride_kn
-                      + cols[None, :], mask=real[:, None], other=0.0).to(tl.float32)
-        kin = kin - tl.load(KMean + bh * D + cols)[None, :]
-        s = s + tl.sum(kin * bias_q[None, :], 1)[None, :]
+            src = tl.load(Perm + keys, mask=real, other=0)
+        kin = tl.load(KIn + src[:, None] * D + cols[None, :], mask=real[:, None],
+                      other=0.0).to(tl.float32)
+        s = s + tl.sum((kin - k_mean[None, :]) * bias_q[None, :], 1)[None, :]
     if MASK:
         s = tl.where(real[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -77,7 +80,7 @@ def _kv_tile(acc, m_i, l_i, q, bias_q, q_outer, k_outer, Kc, Ks, Vc, Vs, VM, KIn
     r = tl.sum(p, 1)
 
     if TWO_LEVEL:  # per row: s1 = rowmax / (448 * 6), so the row spans E4M3 x E2M1
-        s1 = tl.math.div_rn(tl.max(p, 1), tl.zeros_like(m_new) + OUTER_DIVISOR)
+        s1 = tl.math.div_rn(tl.max(p, 1), tl.zeros_like(m_new) + P_ROW_DIVISOR)
         x = tl.math.div_rn(p, tl.where(s1 > 0, s1, 1.0)[:, None] + tl.zeros_like(p))
     else:
         x = p
@@ -85,17 +88,18 @@ def _kv_tile(acc, m_i, l_i, q, bias_q, q_outer, k_outer, Kc, Ks, Vc, Vs, VM, KIn
     scale = microscale(tl.max(x3, 2))[:, :, None]  # x >= 0: its max is its amax
     p_deq = tl.reshape(codes_twice(x3, scale) * 0.5 * scale, (BLOCK_M, BLOCK_N))
 
-    vrows = keys.to(tl.int64)
-    vbase = bh * n_k_pad * D
-    v_codes = tl.load(Vc + vbase + vrows[:, None] * D + cols[None, :])
-    v_scale = tl.load(Vs + bh * (n_k_pad // 16) * D + (vrows // 16)[:, None] * D + cols[None, :])
+    v_codes = tl.load(Vc + keys[:, None] * D + cols[None, :])
+    v_scale = tl.load(Vs + (j * (BLOCK_N // 16) + tl.arange(0, BLOCK_N // 16))[:, None] * D
+                      + cols[None, :])
+    v_scale = tl.reshape(tl.broadcast_to(v_scale[:, None, :], (BLOCK_N // 16, 16, D)),
+                         (BLOCK_N, D))
     v = (v_codes.to(tl.float32) * 0.5 * v_scale.to(tl.float32)).to(tl.float16)
     pv = tl.dot(p_deq.to(tl.float16), v)
     if TWO_LEVEL:
         pv = pv * s1[:, None]
     acc = acc * alpha[:, None] + pv
     if VSMOOTH:
-        mu = tl.load(VM + (bh * (n_k_pad // BLOCK_N) + j) * D + cols).to(tl.float32)
+        mu = tl.load(VM + j * D + cols).to(tl.float32)
         acc = acc + r[:, None] * mu[None, :]
     l_i = l_i * alpha + r
     return acc, m_new, l_i
@@ -103,8 +107,7 @@ def _kv_tile(acc, m_i, l_i, q, bias_q, q_outer, k_outer, Kc, Ks, Vc, Vs, VM, KIn
 
 @triton.jit
 def _nvfp4_attention_fwd(Qc, Qs, Kc, Ks, Vc, Vs, QO, KO, VO, VM, BiasQ, KMean, KIn, Perm, Out,
-                         n, n_q_pad, n_k_pad, H, stride_kb, stride_kh, stride_kn,
-                         stride_ob, stride_oh, stride_on,
+                         n, n_q_pad, n_k_pad, H, stride_ob, stride_oh, stride_on,
                          OUTER_QK: tl.constexpr, OUTER_V: tl.constexpr, BIAS: tl.constexpr,
                          HAS_PERM: tl.constexpr, VSMOOTH: tl.constexpr, TWO_LEVEL: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
@@ -114,16 +117,25 @@ def _nvfp4_attention_fwd(Qc, Qs, Kc, Ks, Vc, Vs, QO, KO, VO, VM, BiasQ, KMean, K
     h = bh % H
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, D)
-    q = _dequantize_rows(Qc, Qs, bh * n_q_pad * D, bh * n_q_pad * (D // 16), rows,
-                         rows < n_q_pad, D)
+    # Each operand's pointer moved to this (batch, head) once, in 64 bits.
+    q = _dequantize_rows(Qc + bh * n_q_pad * D, Qs + bh * n_q_pad * (D // 16), rows, D)
+    Kc += bh * n_k_pad * D
+    Ks += bh * n_k_pad * (D // 16)
+    Vc += bh * n_k_pad * D
+    Vs += bh * (n_k_pad // 16) * D
+    VM += bh * (n_k_pad // BLOCK_N) * D
+    KIn += bh * n * D
+    Perm += bh * n
     q_outer = 1.0
     k_outer = 1.0
     if OUTER_QK:
         q_outer = tl.load(QO + bh)
         k_outer = tl.load(KO + bh)
     bias_q = tl.zeros([D], tl.float32)
+    k_mean = tl.zeros([D], tl.float32)
     if BIAS:
         bias_q = tl.load(BiasQ + (bh * (n_q_pad // BLOCK_M) + pid_m) * D + cols)
+        k_mean = tl.load(KMean + bh * D + cols)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -131,19 +143,17 @@ def _nvfp4_attention_fwd(Qc, Qs, Kc, Ks, Vc, Vs, QO, KO, VO, VM, BiasQ, KMean, K
     n_full = n // BLOCK_N
     for j in range(0, n_full):
         acc, m_i, l_i = _kv_tile(
-            acc, m_i, l_i, q, bias_q, q_outer, k_outer, Kc, Ks, Vc, Vs, VM, KIn, KMean, Perm,
-            bh, b, h, j, n, n_k_pad, stride_kb, stride_kh, stride_kn, OUTER_QK, BIAS, HAS_PERM,
-            VSMOOTH, TWO_LEVEL, False, BLOCK_M, BLOCK_N, D)
+            acc, m_i, l_i, q, bias_q, k_mean, q_outer, k_outer, Kc, Ks, Vc, Vs, VM, KIn, Perm,
+            j, n, OUTER_QK, BIAS, HAS_PERM, VSMOOTH, TWO_LEVEL, False, BLOCK_M, BLOCK_N, D)
     if n_full * BLOCK_N < n:
         acc, m_i, l_i = _kv_tile(
-            acc, m_i, l_i, q, bias_q, q_outer, k_outer, Kc, Ks, Vc, Vs, VM, KIn, KMean, Perm,
-            bh, b, h, n_full, n, n_k_pad, stride_kb, stride_kh, stride_kn, OUTER_QK, BIAS,
-            HAS_PERM, VSMOOTH, TWO_LEVEL, True, BLOCK_M, BLOCK_N, D)
+            acc, m_i, l_i, q, bias_q, k_mean, q_outer, k_outer, Kc, Ks, Vc, Vs, VM, KIn, Perm,
+            n_full, n, OUTER_QK, BIAS, HAS_PERM, VSMOOTH, TWO_LEVEL, True, BLOCK_M, BLOCK_N, D)
 
     if OUTER_V:
         acc = acc * tl.load(VO + bh)
     out = tl.math.div_rn(acc, l_i[:, None] + tl.zeros_like(acc))
-    r64 = rows.to(tl.int64)
+    r64 = rows.to(tl.int64)  # the caller's row stride may be H * D: 64-bit products
     o_ptrs = Out + b * stride_ob + h * stride_oh + r64[:, None] * stride_on + cols[None, :]
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(rows < n)[:, None])
 
@@ -153,8 +163,6 @@ def launch(ops, plan, out, *, num_warps: int = 8, num_stages: int = 2):
     b, h, _, d = out.shape
     spare = ops.q_scale  # any pointer, for the arguments a switch leaves unread
     bias = ops.bias_q is not None
-    k_in = ops.k_input if bias else spare
-    strides = (k_in.stride(0), k_in.stride(1), k_in.stride(2)) if bias else (0, 0, 0)
     grid = (triton.cdiv(ops.n, ops.block_m), b * h)
     _nvfp4_attention_fwd[grid](
         ops.q, ops.q_scale, ops.k, ops.k_scale, ops.v, ops.v_scale,
@@ -162,10 +170,9 @@ def launch(ops, plan, out, *, num_warps: int = 8, num_stages: int = 2):
         ops.k_outer if ops.k_outer is not None else spare,
         ops.v_outer if ops.v_outer is not None else spare,
         ops.v_mean if ops.v_mean is not None else spare,
-        ops.bias_q if bias else spare, ops.k_mean if bias else spare, k_in,
-        ops.perm if ops.perm is not None else spare, out,
-        ops.n, ops.q.shape[1], ops.k.shape[1], h, *strides,
-        out.stride(0), out.stride(1), out.stride(2),
+        ops.bias_q if bias else spare, ops.k_mean if bias else spare,
+        ops.k_input if bias else spare, ops.perm if ops.perm is not None else spare, out,
+        ops.n, ops.q.shape[1], ops.k.shape[1], h, out.stride(0), out.stride(1), out.stride(2),
         OUTER_QK=ops.q_outer is not None, OUTER_V=ops.v_outer is not None, BIAS=bias,
         HAS_PERM=ops.perm is not None, VSMOOTH=ops.v_mean is not None,
         TWO_LEVEL=plan.p.two_level, BLOCK_M=ops.block_m, BLOCK_N=ops.block_n, D=d,
