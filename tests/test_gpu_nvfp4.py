@@ -192,6 +192,14 @@ def test_options_the_kernel_does_not_take_fall_back_with_the_reason():
         vcbench.attention(q, k, v, "vc-4bit", backend="gpu", hadamard_v=True)
 
 
+def test_run_records_name_the_fidelity_kernel():
+    label = gpu.implementation_label
+    assert label(get_method("sage3-4bit"), {}, "gpu", True) == gpu.NVFP4_IMPLEMENTATION
+    assert label(get_method("vc-4bit"), {"hadamard_qk": True}, "auto", True) == gpu.NVFP4_IMPLEMENTATION
+    assert label(get_method("vc-4bit"), {"hadamard_v": True}, "auto", True) == "emulate"
+    assert label(get_method("attnqat-tf"), {}, "emulate", True) == "emulate"
+
+
 def test_timeit_rows_carry_the_fidelity_label():
     from vcbench.timing.timeit import Inputs, time_method
 

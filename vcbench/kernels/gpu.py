@@ -208,6 +208,18 @@ def implementation(method: Method) -> str | None:
     return None
 
 
+def implementation_label(method: Method, options: dict, backend: str, on_cuda: bool) -> str:
+    """What computes `method` with `options` under `backend` ("emulate", "gpu", "auto") on
+    this machine: "emulate", or the GPU implementation (`implementation`), for the records of
+    a run (an NVFP4 kernel's results keep NVFP4_IMPLEMENTATION's label)."""
+    impl = implementation(method) if on_cuda and backend != "emulate" else None
+    if impl is None:
+        return "emulate"
+    if method.name != "bf16" and kernel_unsupported_reason(method.plan(options)) is not None:
+        return "emulate"
+    return impl
+
+
 @dataclass
 class GpuOperands:
     """What the attention kernel reads: codes, scales and block means, HND, N padded."""
