@@ -15,7 +15,8 @@
 #      grouping. The implementation column keeps "nvfp4 on fp16 mma": these are NVFP4
 #      computed exactly on FP16 MMAs, a fidelity kernel, not an FP4 kernel's speed.
 # Usage (repo root; FA4 as ../shared/device/README.md shows, optional):
-#   PYTHONPATH=$PWD bash benchmarks/nvfp4_round.sh [--timeit-s W,S] [--skip-tests] [--skip-check]
+#   bash benchmarks/nvfp4_round.sh [--timeit-s W,S] [--skip-tests] [--skip-check]
+#   (with FA4: export PYTHONPATH=/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages first)
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 export PYTHONUNBUFFERED=1
-export PYTHONPATH=${PYTHONPATH:-$PWD}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # this tree first, then FA4 if the caller set it
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 echo "code: ${GIT_REV:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"

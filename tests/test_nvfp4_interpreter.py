@@ -29,7 +29,7 @@ pytest.importorskip("triton", reason="needs Triton (its interpreter runs the ker
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
-from nvfp4_interpreter_driver import CASES, case_name  # noqa: E402
+from nvfp4_cases import CASES, case_name  # noqa: E402
 
 
 @pytest.fixture(scope="module")

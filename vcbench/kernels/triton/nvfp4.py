@@ -87,13 +87,13 @@ def _quantize_qk(X, Perm, Mean, Outer, Codes, Scales, QMean, n, n_pad, stride_b,
     """Q or K, ROWS tokens of one (batch, head): optional gather by the permutation, scale
     fold, token-mean subtraction (K smoothing), block-mean subtraction (Q smoothing, the mean
     written out); microscales along D; codes. Loaded as (ROWS, D / 16, 16)."""
-    G: tl.constexpr = D // 16
     block = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
     h = bh % H
     rows = block * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, G)[:, None] * 16 + tl.arange(0, 16)[None, :]  # (G, 16)
+    groups = tl.arange(0, D // 16)
+    cols = groups[:, None] * 16 + tl.arange(0, 16)[None, :]  # (D / 16, 16)
     valid = rows < n
     src = rows.to(tl.int64)
     if HAS_PERM:
@@ -109,7 +109,7 @@ def _quantize_qk(X, Perm, Mean, Outer, Codes, Scales, QMean, n, n_pad, stride_b,
         mean = (tl.sum(x.to(tl.float64), 0) / count).to(tl.float32)
         tl.store(QMean + (bh * (n_pad // ROWS) + block) * D + cols, mean)
         x = tl.where(valid[:, None, None], x - mean[None], 0.0)
-    amax = tl.max(tl.abs(x), 2)  # (ROWS, G)
+    amax = tl.max(tl.abs(x), 2)  # (ROWS, D / 16)
     if OUTER:
         outer = tl.load(Outer + bh)
         scale = microscale(tl.math.div_rn(amax, tl.zeros_like(amax) + outer))
@@ -120,7 +120,7 @@ def _quantize_qk(X, Perm, Mean, Outer, Codes, Scales, QMean, n, n_pad, stride_b,
     codes = codes_twice(x, full[:, :, None])
     r64 = rows.to(tl.int64)
     tl.store(Codes + bh * n_pad * D + r64[:, None, None] * D + cols[None], codes.to(tl.int8))
-    tl.store(Scales + bh * n_pad * G + r64[:, None] * G + tl.arange(0, G)[None, :],
+    tl.store(Scales + bh * n_pad * (D // 16) + r64[:, None] * (D // 16) + groups[None, :],
              scale.to(tl.float16))
 
 
@@ -131,12 +131,12 @@ def _quantize_v(X, Perm, Outer, Codes, Scales, StoredMeans, n, n_pad, stride_b, 
     """V, one KV tile (ROWS tokens) of one (batch, head): optional gather by the permutation,
     V-Smooth's block mean (FP64 sum, stored FP16, the residual taken against the stored
     value); microscales along the tokens; codes. Loaded as (ROWS / 16, 16, D)."""
-    T: tl.constexpr = ROWS // 16
     tile = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
     h = bh % H
-    rows = tile * ROWS + tl.arange(0, T)[:, None] * 16 + tl.arange(0, 16)[None, :]  # (T, 16)
+    groups = tl.arange(0, ROWS // 16)
+    rows = tile * ROWS + groups[:, None] * 16 + tl.arange(0, 16)[None, :]  # (ROWS / 16, 16)
     cols = tl.arange(0, D)
     valid = rows < n
     src = rows.to(tl.int64)
@@ -150,7 +150,7 @@ def _quantize_v(X, Perm, Outer, Codes, Scales, StoredMeans, n, n_pad, stride_b, 
         stored = tl.clamp(mean, -65504.0, 65504.0).to(tl.float16)
         tl.store(StoredMeans + (bh * (n_pad // ROWS) + tile) * D + cols, stored)
         x = tl.where(valid[:, :, None], x - stored.to(tl.float32)[None, None, :], 0.0)
-    amax = tl.max(tl.abs(x), 1)  # (T, D)
+    amax = tl.max(tl.abs(x), 1)  # (ROWS / 16, D)
     if OUTER:
         outer = tl.load(Outer + bh)
         scale = microscale(tl.math.div_rn(amax, tl.zeros_like(amax) + outer))
@@ -162,7 +162,7 @@ def _quantize_v(X, Perm, Outer, Codes, Scales, StoredMeans, n, n_pad, stride_b, 
     r64 = rows.to(tl.int64)
     tl.store(Codes + bh * n_pad * D + r64[:, :, None] * D + cols[None, None, :],
              codes.to(tl.int8))
-    scale_rows = (tile * T + tl.arange(0, T)).to(tl.int64)
+    scale_rows = (tile * (ROWS // 16) + groups).to(tl.int64)
     tl.store(Scales + bh * (n_pad // 16) * D + scale_rows[:, None] * D + cols[None, :],
              scale.to(tl.float16))
 

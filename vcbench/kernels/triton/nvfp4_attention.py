@@ -39,10 +39,9 @@ P_ROW_DIVISOR = tl.constexpr(OUTER_DIVISOR)  # SageAttention3's s1 = rowmax(P~) 
 
 
 @triton.jit
-def _dequantize_rows(Codes, Scales, rows, D: tl.constexpr):
+def _dequantize_rows(Codes, Scales, rows, R: tl.constexpr, D: tl.constexpr):
     """Q or K rows (R, D) of one head (pointers at its base) in FP16: codes/2 times the
     microscale of their 16-column group."""
-    R: tl.constexpr = rows.shape[0]
     cols = tl.arange(0, D)
     codes = tl.load(Codes + rows[:, None] * D + cols[None, :])
     scale = tl.load(Scales + rows[:, None] * (D // 16) + tl.arange(0, D // 16)[None, :])
@@ -60,7 +59,7 @@ def _kv_tile(acc, m_i, l_i, q, bias_q, k_mean, q_outer, k_outer, Kc, Ks, Vc, Vs,
     keys = j * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, D)
     real = keys < n
-    k = _dequantize_rows(Kc, Ks, keys, D)
+    k = _dequantize_rows(Kc, Ks, keys, BLOCK_N, D)
     s = tl.dot(q, tl.trans(k))
     if OUTER_QK:
         s = s * q_outer
@@ -118,7 +117,8 @@ def _nvfp4_attention_fwd(Qc, Qs, Kc, Ks, Vc, Vs, QO, KO, VO, VM, BiasQ, KMean, K
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, D)
     # Each operand's pointer moved to this (batch, head) once, in 64 bits.
-    q = _dequantize_rows(Qc + bh * n_q_pad * D, Qs + bh * n_q_pad * (D // 16), rows, D)
+    q = _dequantize_rows(Qc + bh * n_q_pad * D, Qs + bh * n_q_pad * (D // 16), rows, BLOCK_M,
+                         D)
     Kc += bh * n_k_pad * D
     Ks += bh * n_k_pad * (D // 16)
     Vc += bh * n_k_pad * D
