@@ -21,16 +21,28 @@ from vcbench.kernels.online import finish, prepare, run  # noqa: E402
 from vcbench.kernels.triton import nvfp4, nvfp4_attention  # noqa: E402
 
 
-def inputs(b, h, n, d, nhd, seed):
+def inputs(b, h, n, d, layout, kind, seed):
     """Random inputs with the structure the smoothing is for: shared Q and K channel offsets
-    and a few large V tokens."""
+    and a few large V tokens. "extreme" adds what the scale rules must get right at their
+    edges: all-zero token blocks (zero scales, zero codes), tokens large enough to saturate the
+    E4M3 microscale (amax / 6 > 448), tokens small enough for subnormal microscales and smaller
+    still (a microscale of zero over nonzero values)."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(b, h, n, d, generator=g) for _ in range(3))
     q = q + 2 * torch.randn(b, h, 1, d, generator=g)
     k = k + 3 * torch.randn(b, h, 1, d, generator=g)
     v[:, :, torch.randperm(n, generator=g)[: n // 40]] += 20 * torch.randn(b, h, 1, d, generator=g)
-    q, k, v = (x.bfloat16() for x in (q, k, v))
-    if nhd:  # same values, (B, N, H, D) memory: strides the kernels must follow
+    if kind.startswith("extreme"):
+        for x in (q, k, v):
+            if n >= 64:  # a whole zero block of 16 tokens, with real tokens around it
+                x[:, :, :16] = 0.0
+            x[:, :, 16:32:3] *= 3000.0
+            x[..., :16] *= 4e-3  # 16 quiet channels: microscales in E4M3's subnormals
+            x[:, :, 32:48] *= 1e-2  # a quiet block of 16 tokens: the same along the tokens
+            x[:, :, 49:64:3] *= 1e-6  # microscales that round to zero over nonzero values
+    dtype = torch.float16 if kind.endswith("fp16") else torch.bfloat16
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    if layout == "nhd":  # same values, (B, N, H, D) memory: strides the kernels must follow
         q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     return q, k, v
 
@@ -41,8 +53,8 @@ def differing(got, want):
 
 def main():
     for i, case in enumerate(CASES):
-        method, opts, b, h, n, d, nhd = case
-        q, k, v = inputs(b, h, n, d, nhd, seed=1000 + i)
+        method, opts, b, h, n, d, layout, kind = case
+        q, k, v = inputs(b, h, n, d, layout, kind, seed=1000 + i)
         plan = get_method(method).plan(opts)
         emu = prepare(q, k, v, plan)
         ops = nvfp4.prepare(q, k, v, plan, permutation=emu.permutation)

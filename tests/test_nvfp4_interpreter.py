@@ -2,8 +2,10 @@
 
 The interpreter runs every @triton.jit function with numpy on CPU tensors: indexing, masks,
 tiling, the (batch, head) strides and every rounding step of the codes are the GPU kernels'
-own code. So on inputs that exercise the padding (N not a multiple of the tiles), both
-tile sizes, both head dims, NHD strides, Hadamard rotations, V-Smooth and per-tensor scales:
+own code. So on inputs that exercise the padding (N not a multiple of the tiles, and one that
+is), both tile sizes, both head dims, BF16 and FP16, NHD strides, Hadamard rotations,
+V-Smooth, per-tensor scales, and the scale rules' edges (zero blocks, saturated and
+subnormal E4M3 microscales, microscales that round to zero):
 
   - every quantized operand (E2M1 codes, E4M3 microscales, FP32 outer scales, V-Smooth's
     FP16 block means, Q smoothing's block means) is bit-equal to the emulation's;
