@@ -192,6 +192,14 @@ def test_options_the_kernel_does_not_take_fall_back_with_the_reason():
         vcbench.attention(q, k, v, "vc-4bit", backend="gpu", hadamard_v=True)
 
 
+def test_methods_table_shows_the_kernel():
+    from vcbench.kernels import method_table
+
+    rows = {r["method"]: r for r in method_table()}
+    for method in ("sage3-4bit", "vc-4bit", "attnqat-tf"):
+        assert rows[method]["backends"] == f"emulate, gpu ({gpu.NVFP4_IMPLEMENTATION})"
+
+
 def test_run_records_name_the_fidelity_kernel():
     label = gpu.implementation_label
     assert label(get_method("sage3-4bit"), {}, "gpu", True) == gpu.NVFP4_IMPLEMENTATION
