@@ -23,3 +23,9 @@ def rel_l2(out, ref):
 @pytest.fixture
 def gen():
     return torch.Generator().manual_seed(1234)
+
+
+def nvfp4_kernel_tolerance(e):
+    """Relative L2 an NVFP4 kernel's FP32 output may sit from the emulation's, given e, the
+    emulation's own error against FP64 (derived in tests/test_gpu_nvfp4.py's docstring)."""
+    return max(2e-4, 0.2 * e)

@@ -54,6 +54,7 @@ def test_generate_writes_run_folder_and_resumes_after_kill(tmp_path):
     assert [r["item"] for r in rows] == ["bf16/fox/s0", "bf16/sea/s0", "vc-8bit/fox/s0", "vc-8bit/sea/s0"]
     for r in rows:
         assert r["status"] == "ok" and r["random_weights"] is True and r["steps"] == 2
+        assert r["implementation"] == "emulate"  # what computed its attention, on record
         frames = read_frames(full / r["frames_dir"])
         assert frames.shape == (5, 128, 128, 3) and frames.dtype == np.uint8
         assert (full / r["mp4"]).stat().st_size > 0

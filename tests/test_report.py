@@ -214,3 +214,14 @@ def test_not_a_run_folder(tmp_path, capsys):
         main(["report", str(tmp_path / "empty")])
     assert exit_.value.code == 2
     assert "is not a run folder" in capsys.readouterr().err
+
+
+def test_speedup_bars_mark_the_nvfp4_fidelity_kernel():
+    """Its times are NVFP4 computed on FP16 tensor cores: no bar shows one unlabelled."""
+    from vcbench.kernels.backends import NVFP4_IMPLEMENTATION
+    from vcbench.report.figures import _with_fidelity_label
+
+    rows = pd.DataFrame({"method": ["bf16", "sage3-4bit", "vc-8bit"],
+                         "implementation": ["flash-attn-4", NVFP4_IMPLEMENTATION, "vcbench-sm90"]})
+    assert _with_fidelity_label(rows) == ["bf16", "sage3-4bit\n(nvfp4 on fp16 mma)", "vc-8bit"]
+    assert _with_fidelity_label(rows.drop(columns="implementation")) == list(rows.method)

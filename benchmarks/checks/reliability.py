@@ -96,8 +96,8 @@ def emulated_rows(plan, q, k, v, b, h, rows, permutation):
     start = rows.start // plan.block_m * plan.block_m
     stop = -(-rows.stop // plan.block_m) * plan.block_m
     ops.q = slice_query_rows(ops.q, start, stop)
-    if ops.score_bias is not None:
-        ops.score_bias = ops.score_bias[..., start // plan.block_m : stop // plan.block_m, :]
+    if ops.q_mean is not None:  # Q smoothing: the means of these query tiles only
+        ops.q_mean = ops.q_mean[..., start // plan.block_m : stop // plan.block_m, :]
     out, _ = run(ops, plan)
     return out[0, 0, rows.start - start : rows.stop - start]
 

@@ -57,6 +57,15 @@ def implementation(method: Method | str, options: dict | None = None) -> str | N
     return None if chosen is None else chosen.name
 
 
+def implementation_label(method: Method | str, options: dict, backend: str, on_cuda: bool) -> str:
+    """What computes `method` with `options` under `backend` ("emulate", "gpu", "auto") on
+    this machine, for a run's records: "emulate", or the GPU backend's name (the NVFP4 kernel's
+    results keep their label)."""
+    if backend == "emulate" or not on_cuda:
+        return "emulate"
+    return implementation(method, options) or "emulate"
+
+
 def available_backends(method: Method) -> list[str]:
     """Backends that can run `method` on this machine."""
     gpu = implementation(method)

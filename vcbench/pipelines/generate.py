@@ -264,6 +264,7 @@ def _make_clip(root, model, item, settings, req, method_options, active, bar):
     write_json(clip / ROW, {**row, "status": "ok", "wall_s": round(wall, 4),
                             "frames_dir": f"{rel}/frames", "mp4": f"{rel}/preview.mp4", **extra,
                             "sha256": digest, "num_frames_written": int(frames.shape[0]),
+                            "implementation": _implementation(item, req, model, method_options),
                             "grouping_actions": {str(k): v for k, v in sorted(active.actions.items())},
                             "attention_calls": sum(active.routed.values())})
 
@@ -276,6 +277,14 @@ def _signature(item, settings, req, model, method_options) -> dict[str, Any]:
             **asdict(settings), "model": model.name, "random_weights": model.random_weights,
             "backend": req.backend,
             **({"lora_path": str(req.lora_path)} if req.lora_path else {})}
+
+
+def _implementation(item, req, model, method_options) -> str:
+    """What computed this clip's attention: "emulate" or the GPU kernel's label."""
+    from vcbench.kernels import implementation_label
+
+    return implementation_label(item.method, method_options[item.method], req.backend,
+                                str(model.device).startswith("cuda"))
 
 
 def _finished(root: Path, item: Item, signature: dict[str, Any]) -> bool:

@@ -69,21 +69,33 @@ def metric_per_model(long: pd.DataFrame, metric: str, path: Path, note: str) -> 
     return save(fig, path)
 
 
+def _with_fidelity_label(rows: pd.DataFrame, names: list[str] | None = None) -> list[str]:
+    """Bar names, each run on the NVFP4 fidelity kernel marked so: its time is NVFP4 computed
+    on 16-bit tensor cores, no FP4 kernel's."""
+    from vcbench.kernels.backends import NVFP4_IMPLEMENTATION
+
+    names = list(rows.method) if names is None else names
+    impls = rows.implementation if "implementation" in rows else [""] * len(names)
+    return [f"{n}\n(nvfp4 on fp16 mma)" if NVFP4_IMPLEMENTATION in str(i) else n
+            for n, i in zip(names, impls, strict=True)]
+
+
 def speedup_bars(speed: pd.DataFrame, clip: pd.DataFrame, path: Path, note: str,
                  projected: pd.DataFrame | None = None) -> Path | None:
     """Attention speedup over bf16 per GPU (from timeit), clip speedup (from generate) and the
     projected clip speedup (from project-clip), each panel titled with what it is."""
     panels = []
     for (gpu, inputs), rows in (speed.groupby(["gpu", "inputs"], sort=False) if len(speed) else []):
-        panels.append((f"attention: {gpu}\n{inputs}", list(rows.method), list(rows.speedup_vs_bf16),
-                       False))
+        panels.append((f"attention: {gpu}\n{inputs}", _with_fidelity_label(rows),
+                       list(rows.speedup_vs_bf16), False))
     for model, rows in (clip.groupby("model", sort=False) if len(clip) else []):
         rows = rows[np.isfinite(rows.speedup_vs_bf16)]  # emulated clips have no speedup
         if rows.empty:
             continue
         where = ", ".join(sorted({f"{b} on {d}" for b, d in zip(rows.backend, rows.device, strict=False)}))
         panels.append((f"clip wall clock: {model}\n({where})",
-                       [label(m, v) for m, v in zip(rows.method, rows.variant, strict=False)],
+                       _with_fidelity_label(rows, [label(m, v) for m, v in
+                                                   zip(rows.method, rows.variant, strict=False)]),
                        list(rows.speedup_vs_bf16), False))
     for (_, text), rows in (projected.groupby(["run", "label"], sort=False)
                               if projected is not None and len(projected) else []):

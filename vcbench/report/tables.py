@@ -130,6 +130,9 @@ def clip_time(runs: Runs) -> pd.DataFrame:
             rows.append({"model": run.model, "method": method, "variant": variant(run, method),
                          "wall_s": mean, "ci95_half": half, "n": n,
                          "backend": run.config.get("backend"), "device": run.config.get("device"),
+                         "implementation": ", ".join(sorted({str(c.get("implementation", "-"))
+                                                             for c in clips
+                                                             if c["method"] == method})),
                          "run": str(run.path)})
     table = pd.DataFrame(rows)
     if table.empty:

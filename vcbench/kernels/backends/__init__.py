@@ -4,6 +4,7 @@
     external.SAGE2_OFFICIAL            SageAttention2's released configuration, if installed
     sm90.SM90                          the compiled sm_90a kernel (INT8 QK, per-channel V)
     triton.TRITON                      vcbench's Triton kernels (the 8-bit plans)
+    triton.NVFP4                       NVFP4 plans, exactly, on 16-bit tensor cores (fidelity)
 
 The first that is available here and supports the plan (on inputs of this shape) runs it;
 `vcbench methods` prints every backend's reason for every method from the same list.
@@ -16,11 +17,12 @@ import torch
 from vcbench.kernels.backends.common import KERNEL_ENV, TILE, Backend, triton_ready
 from vcbench.kernels.backends.external import CUDNN, FA4, SAGE2_OFFICIAL
 from vcbench.kernels.backends.sm90 import SM90
-from vcbench.kernels.backends.triton import TRITON
+from vcbench.kernels.backends.triton import NVFP4, NVFP4_IMPLEMENTATION, TRITON
 from vcbench.kernels.spec.method import Plan
 
-BACKENDS: tuple[Backend, ...] = (FA4, CUDNN, SAGE2_OFFICIAL, SM90, TRITON)
-__all__ = ["BACKENDS", "CUDNN", "FA4", "KERNEL_ENV", "SAGE2_OFFICIAL", "SM90", "TILE", "TRITON",
+BACKENDS: tuple[Backend, ...] = (FA4, CUDNN, SAGE2_OFFICIAL, SM90, TRITON, NVFP4)
+__all__ = ["BACKENDS", "CUDNN", "FA4", "KERNEL_ENV", "NVFP4", "NVFP4_IMPLEMENTATION",
+           "SAGE2_OFFICIAL", "SM90", "TILE", "TRITON",
            "Backend", "reasons", "run", "select", "triton_ready", "why_none"]
 
 

@@ -41,7 +41,10 @@ class Operands:
 
     v_mean: block means of the permuted V (B, H, Nk/block_n, D), already divided by the V
         epilogue scale (8 bits) or unscaled (4 bits), rounded to FP16: what the V kernel writes.
-    score_bias: SageAttention's Q-smoothing term mean_q . K^T (B, H, Nq/block_m, Nk), log2 units.
+    q_mean: SageAttention's Q-smoothing means (B, H, Nq/block_m, D), log2 units; with
+        `k_smooth`, the (smoothed, rotated, padded, unquantized) K (B, H, Nk, D), they give the
+        term mean_q . K^T that `run` adds back to the scores, one KV tile at a time (a kernel
+        never holds it for all keys: at N = 75600 it would be N^2 / block_m per head).
     v_exact: the unquantized V the kernel's V operand stands for (permuted, rotated), kept only
         to split the output error into its probability and value terms (Equation 2).
     """
@@ -52,7 +55,8 @@ class Operands:
     n_tokens: int
     sm_scale_log2: float
     v_mean: torch.Tensor | None = None
-    score_bias: torch.Tensor | None = None
+    q_mean: torch.Tensor | None = None
+    k_smooth: torch.Tensor | None = None
     v_exact: torch.Tensor | None = None
     permutation: torch.Tensor | None = None
 
@@ -120,11 +124,10 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
     k = pad_tokens(k, plan.block_n)
     v = pad_tokens(v, plan.block_n)
 
-    score_bias = None
+    q_mean = None
     if plan.smooth_q:
         q_mean = block_means(q, plan.block_m, n)
         q = zero_rows(q - q_mean.repeat_interleave(plan.block_m, dim=-2), n)
-        score_bias = q_mean @ k.transpose(-1, -2)
 
     v_mean = None
     if plan.vsmooth is not None:
@@ -137,7 +140,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
 
     return Operands(q=plan.q(q), k=plan.k(k), v=vq, n_tokens=n,
                     sm_scale_log2=1.0 if plan.fold_scale_into_q else scale_log2,
-                    v_mean=v_mean, score_bias=score_bias,
+                    v_mean=v_mean, q_mean=q_mean, k_smooth=k if q_mean is not None else None,
                     v_exact=v if keep_exact_v else None, permutation=permutation)
 
 
@@ -149,6 +152,14 @@ def _row_scale(x: Quantized) -> torch.Tensor | float:
     if isinstance(g, Unscaled):
         return 1.0
     return g.expand(x.scale)  # PerTensor / PerBlock / PerWarp: broadcast over tokens
+
+
+def score_bias_tile(ops: Operands, cols: slice, block_m: int) -> torch.Tensor:
+    """Q smoothing's term mean_q . K^T for the keys `cols` only, one row per query row:
+    (B, H, Nq, len(cols)). Taken per KV tile, as a kernel takes it, so the emulation never
+    holds a tensor with two sequence axes."""
+    bias = ops.q_mean @ ops.k_smooth[..., cols, :].transpose(-1, -2)
+    return bias.repeat_interleave(block_m, dim=-2)
 
 
 def run(ops: Operands, plan: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -166,8 +177,6 @@ def run(ops: Operands, plan: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
     if v_tile is not None and ops.v.granularity.rows != bn:
         raise UserError(f"per-block V scales must cover one KV tile ({bn} rows)")
     v_epi = ops.v.epilogue_scale()
-    bias_rows = (ops.score_bias.repeat_interleave(plan.block_m, dim=-2)
-                 if ops.score_bias is not None else None)
 
     shape = (*qi.shape[:-1], 1)
     m = torch.full(shape, -math.inf, dtype=qi.dtype, device=qi.device)
@@ -183,8 +192,8 @@ def run(ops: Operands, plan: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
         s = s * (k_col[..., cols] if per_key else k_col)
         if ops.sm_scale_log2 != 1.0:
             s = s * ops.sm_scale_log2
-        if bias_rows is not None:
-            s = s + bias_rows[..., cols]
+        if ops.q_mean is not None:
+            s = s + score_bias_tile(ops, cols, plan.block_m)
         n_real = ops.n_tokens - j * bn
         if n_real < bn:  # padded keys take no probability
             s[..., n_real:] = -math.inf

@@ -69,6 +69,13 @@ def scale_for(amax: torch.Tensor, fmt_max: float) -> torch.Tensor:
     return amax * torch.tensor(1.0 / fmt_max, dtype=amax.dtype, device=amax.device)
 
 
+def true_divide(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """x / divisor rounded once, on every device. (torch divides by a Python number truly on
+    the CPU but multiplies by its FP32 reciprocal on CUDA; a divisor on x's own device is a
+    true division on both, which is what the GPU kernels do: `div_rn`.)"""
+    return x / torch.tensor(divisor, dtype=x.dtype, device=x.device)
+
+
 @dataclass(frozen=True)
 class Format:
     """A number format: its name, bit width, largest finite value and rounding function."""

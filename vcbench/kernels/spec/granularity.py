@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vcbench.kernels.spec.formats import E4M3, Format, scale_for
+from vcbench.kernels.spec.formats import E4M3, Format, scale_for, true_divide
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ class Quantizer:
         if isinstance(self.granularity, Microscale16):
             amax = self.granularity.amax(x)
             if self.granularity.global_scale and outer is None:
-                outer = x.abs().amax(dim=(-2, -1)) / (E4M3.max * self.fmt.max)
+                outer = true_divide(x.abs().amax(dim=(-2, -1)), E4M3.max * self.fmt.max)
                 outer = torch.where(outer > 0, outer, torch.ones_like(outer))
             if outer is not None:
                 amax = amax / outer[..., None, None]

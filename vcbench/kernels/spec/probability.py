@@ -22,7 +22,7 @@ from vcbench.kernels.spec.expcast import (
     decode_e4m3_bytes,
     expcast_code_from_scores,
 )
-from vcbench.kernels.spec.formats import E2M1, E4M3, Format
+from vcbench.kernels.spec.formats import E2M1, E4M3, Format, true_divide
 from vcbench.kernels.spec.granularity import Microscale16, Quantizer
 
 
@@ -77,7 +77,7 @@ class NVFP4Probability:
         outer = None
         x = p
         if self.two_level:
-            outer = p.amax(-1, keepdim=True) / (E4M3.max * E2M1.max)
+            outer = true_divide(p.amax(-1, keepdim=True), E4M3.max * E2M1.max)
             x = p / torch.where(outer > 0, outer, 1.0)
         q = quantizer(x)
         return q.inner(), outer, p.sum(-1, keepdim=True)

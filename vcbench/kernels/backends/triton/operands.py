@@ -1,5 +1,7 @@
-"""The 8-bit kernels' operands: which plans the Triton attention kernel computes, and the fused
-preprocessing that quantizes Q, K and V for it (and for the compiled sm90 kernel).
+"""The Triton kernels' operands: which plans the 8-bit attention kernel computes, and the fused
+preprocessing that quantizes Q, K and V for it (and for the compiled sm90 kernel); which plans
+and shapes the NVFP4 kernels take (their preprocessing is nvfp4.py). No Triton import here:
+a machine without it still reads every backend's reasons.
 
 A plan runs here when it is one the kernel implements: 8-bit Q/K in INT8 or E4M3, E4M3 V per
 channel or per KV tile, P by exp-then-cast to E4M3 or by ExpCast, optional V-Smooth, 128x128
@@ -17,10 +19,10 @@ from vcbench.errors import UserError
 from vcbench.kernels.backends.common import TILE
 from vcbench.kernels.reference.engine import softmax_scale_log2
 from vcbench.kernels.reference.vsmooth import token_mean
-from vcbench.kernels.spec.formats import E4M3, INT8, scale_for
-from vcbench.kernels.spec.granularity import PerBlock, PerChannel
+from vcbench.kernels.spec.formats import E2M1, E4M3, INT8, scale_for
+from vcbench.kernels.spec.granularity import Microscale16, PerBlock, PerChannel
 from vcbench.kernels.spec.method import Plan
-from vcbench.kernels.spec.probability import ExpCast, ExpThenCast
+from vcbench.kernels.spec.probability import ExpCast, ExpThenCast, NVFP4Probability
 from vcbench.kernels.spec.rotation import rotate
 
 # The GPU kernels never clamp ExpCast's code at 120: the row maximum's t = 120 + beta plus the
@@ -159,3 +161,54 @@ def kernel_switches(plan: Plan) -> dict:
                 p_scale=float(plan.p.scale), vsmooth=plan.vsmooth is not None,
                 v_per_tile=isinstance(plan.v.granularity, PerBlock),
                 expcast_bias=120.0 + (plan.p.beta if expcast else 0.0))
+
+
+# ---- which plans and shapes the NVFP4 kernels take (nvfp4.py, nvfp4_attention.py) -----------
+
+MAX_GRID_Y = 65535  # CUDA's limit on the second grid axis, where the kernels put batch x heads
+
+
+def nvfp4_plan_reason(plan: Plan) -> str | None:
+    """Why the NVFP4 kernel cannot run this plan, or None if it can."""
+    operands = (plan.q, plan.k, plan.v)
+    if any(x.fmt is not E2M1 or not isinstance(x.granularity, Microscale16)
+           or x.granularity.size != 16 for x in operands):
+        return "Q, K, V must be NVFP4 (E2M1 under per-16 E4M3 microscales)"
+    if (plan.q.granularity.axis, plan.k.granularity.axis, plan.v.granularity.axis) != (-1, -1, -2):
+        return "microscales must run along the contraction axes (head dim for Q and K, tokens for V)"
+    if not isinstance(plan.p, NVFP4Probability):
+        return "P must be NVFP4"
+    q_outer, k_outer = plan.q.granularity.global_scale, plan.k.granularity.global_scale
+    if q_outer != k_outer:
+        return "Q and K take a per-tensor scale together or not at all"
+    if q_outer and (plan.smooth_q or plan.smooth_k):
+        return "a per-tensor Q/K scale only on unsmoothed Q and K"
+    if plan.v.granularity.global_scale and plan.vsmooth is not None:
+        return "a per-tensor V scale only without V-Smooth"
+    if not plan.fold_scale_into_q:
+        return "the softmax scale must be folded into Q"
+    if plan.accum != "fp32":
+        return "only FP32 accumulation"
+    if plan.vsmooth is not None and plan.vsmooth.hadamard_v:
+        return "hadamard_v is an emulation-only ablation"
+    if plan.vsmooth is not None and plan.vsmooth.block_rows != plan.block_n:
+        return "V-Smooth blocks must be the KV tile"
+    return None
+
+
+def nvfp4_shape_reason(shape: tuple[int, ...]) -> str | None:
+    """Why the NVFP4 kernel cannot take inputs of this (B, H, N, D) shape, or None."""
+    b, h, n, d = shape
+    if b * h > MAX_GRID_Y:
+        return f"batch x heads = {b * h} is above the kernel grid's {MAX_GRID_Y}"
+    if d % 16:
+        return f"head dim {d} is not a whole number of 16-element microscale groups"
+    n_pad = -(-n // TILE) * TILE
+    if n_pad * d >= 2**31:  # the kernel's offsets inside one head are 32-bit
+        return f"N x D = {n_pad} x {d} is 2^31 elements or more per head"
+    return None
+
+
+def nvfp4_unsupported_reason(plan: Plan, shape: tuple[int, ...] | None = None) -> str | None:
+    """Why the NVFP4 kernels cannot run `plan` (on (B, H, N, D) inputs of `shape`), or None."""
+    return nvfp4_plan_reason(plan) or (nvfp4_shape_reason(shape) if shape is not None else None)

@@ -1,0 +1,59 @@
+"""The NVFP4 Triton kernels on the CPU, under Triton's interpreter, against the emulation.
+
+The interpreter runs every @triton.jit function with numpy on CPU tensors: indexing, masks,
+tiling, the (batch, head) strides and every rounding step of the codes are the GPU kernels'
+own code. So on inputs that exercise the padding (N not a multiple of the tiles, and one that
+is), both tile sizes, both head dims, BF16 and FP16, NHD strides, Hadamard rotations,
+V-Smooth, per-tensor scales, and the scale rules' edges (zero blocks, saturated and
+subnormal E4M3 microscales, microscales that round to zero):
+
+  - every quantized operand (E2M1 codes, E4M3 microscales, FP32 outer scales, V-Smooth's
+    FP16 block means, Q smoothing's block means) is bit-equal to the emulation's;
+  - the output (an FP32 buffer filled with NaN first, so an unwritten row fails) is finite and
+    within `nvfp4_kernel_tolerance` of the emulation's, and its own error against FP64 within
+    1.05 e + 1e-4 (e: the emulation's).
+
+What the interpreter cannot show is left to tests/test_gpu_nvfp4.py: the compiled kernel's
+tl.dot on tensor cores, MUFU's exp2, the layouts tl.reshape gets on the GPU, 64-bit offsets
+past 2^31 elements.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import nvfp4_kernel_tolerance
+
+pytest.importorskip("triton", reason="needs Triton (its interpreter runs the kernels on CPU)")
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+from nvfp4_cases import CASES, case_name  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def results():
+    """All cases in one interpreter process (TRITON_INTERPRET must be set before any kernel is
+    defined, so not in this one)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]),
+           "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, str(TESTS / "nvfp4_interpreter_driver.py")],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {row["case"]: row for row in rows}
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_name)
+def test_interpreted_kernels_match_the_emulation(case, results):
+    row = results[case_name(case)]
+    wrong = {what: n for what, n in row["differing"].items() if n != 0}
+    assert not wrong, f"not bit-equal to the emulation (differing elements, -1: missing): {wrong}"
+    assert {"Q codes", "K codes", "V codes", "V microscales"} <= set(row["differing"])
+    assert row["finite"], "rows left unwritten (NaN) or non-finite"
+    e = row["emulation_vs_fp64"]
+    assert row["kernel_vs_emulation"] <= nvfp4_kernel_tolerance(e)
+    assert row["kernel_vs_fp64"] <= 1.05 * e + 1e-4
