@@ -130,7 +130,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
     chosen = None
     if backend != "emulate" and q.is_cuda:
         chosen = backends.select(plan, tuple(q.shape))
-        if chosen is None and backend == "auto" and backends.select(plan) is not None:
+        if chosen is None and backend == "auto" and backends.select(m.plan()) is not None:
+            # the method has a kernel here, but not for these options or this shape: say so
             _fallback_note(m.name, backends.why_none(plan, tuple(q.shape)))
     if backend == "gpu" and chosen is None:
         where = "CUDA tensors" if not q.is_cuda else backends.why_none(plan, tuple(q.shape))
