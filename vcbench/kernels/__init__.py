@@ -132,9 +132,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
         chosen = backends.select(plan, tuple(q.shape))
         if chosen is None and backend == "auto" and backends.select(m.plan()) is not None:
             # the method has a kernel here, but not for these options or this shape: say so
-            _fallback_note(m.name, backends.why_none(plan, tuple(q.shape)))
+            _fallback_note(m.name, backends.why_none(plan, tuple(q.shape), among=m.plan()))
     if backend == "gpu" and chosen is None:
-        where = "CUDA tensors" if not q.is_cuda else backends.why_none(plan, tuple(q.shape))
+        where = ("it needs CUDA tensors" if not q.is_cuda
+                 else backends.why_none(plan, tuple(q.shape), among=m.plan()))
         raise UserError(f"no GPU kernel for {m.name!r} with these options here ({where})")
     if chosen is not None:
         if q.dtype not in (torch.bfloat16, torch.float16):

@@ -43,9 +43,14 @@ def select(plan: Plan, shape: tuple[int, ...] | None = None) -> Backend | None:
     return None
 
 
-def why_none(plan: Plan, shape: tuple[int, ...] | None = None) -> str:
-    """One line: why no backend runs `plan` here."""
-    return "; ".join(f"{b.name}: {why}" for b, why in reasons(plan, shape) if why)
+def why_none(plan: Plan, shape: tuple[int, ...] | None = None,
+             among: Plan | None = None) -> str:
+    """One line: why no backend runs `plan` here; with `among` (the method's default plan),
+    only the backends that compute that plan are named, the ones a user would expect."""
+    named = [(b, why) for b, why in reasons(plan, shape) if why]
+    if among is not None:
+        named = [(b, why) for b, why in named if b.supports(among, None) is None] or named
+    return "; ".join(f"{b.name}: {why}" for b, why in named)
 
 
 def run(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan,
