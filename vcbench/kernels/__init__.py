@@ -141,11 +141,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
         if q.dtype not in (torch.bfloat16, torch.float16):
             raise UserError(f"the GPU kernels take bf16 or fp16 inputs, got {q.dtype}")
         out = backends.run(chosen, q, k, v, plan, call)
-    else:
-        if plan.vsmooth is not None and call.get("permutation") is None:
-            # the grouping a GPU run would use, so emulation and kernel share one token order
-            g = group(v, plan.vsmooth, grid=call.get("grid"), init=call.get("centroids"))
-            call["permutation"] = g.permutation
-        out = emulate(q, k, v, plan, **{n: call[n] for n in ("permutation", "grid", "sm_scale")
-                                        if n in call})
+    else:  # the emulation groups V itself (torch's k-means on the FP32 values) when asked to
+        out = emulate(q, k, v, plan, **call)
     return out.transpose(1, 2) if tensor_layout == "NHD" else out
