@@ -197,3 +197,56 @@ def test_grouping_schedule_compiles_once_over_a_20_step_run(tiny):
     assert sum(p.routed.values()) == 2 * STEPS
     for got, want in zip(outs, eager, strict=True):
         assert torch.equal(got, want)
+
+
+# ---- vcbench generate --compile ------------------------------------------------------------
+
+def test_generate_compile_records_compile_time_beside_the_wall(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    from vcbench.pipelines.video_io import read_frames
+
+    root = Path(__file__).resolve().parents[1]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "fox", "prompt": "a fox in snow"}\n')
+    common = ["generate", "--model", "tiny-wan-random", "--methods", "vc-8bit", "--prompts",
+              prompts, "--seeds", "0,1", "--steps", "2", "--frames", "5", "--height", "128",
+              "--width", "128"]
+    rows = {}
+    for name, extra in (("eager", []), ("compiled", ["--compile"])):
+        done = subprocess.run([sys.executable, "-m", "vcbench", *map(str, common), *extra,
+                               "--out", tmp_path / name], cwd=root, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        rows[name] = manifest["items"]
+        assert manifest["status"] == "ok" and manifest["config"].get("compile") is (extra != [] or None)
+    for eager, compiled in zip(rows["eager"], rows["compiled"], strict=True):
+        assert compiled["status"] == "ok" and compiled["compile"] is True and "compile" not in eager
+        assert "compile_s" not in eager
+        assert compiled["grouping_actions"] == eager["grouping_actions"] == {"0": "regroup", "1": "plain"}
+        assert compiled["attention_calls"] == eager["attention_calls"] > 0
+        a = read_frames(tmp_path / "eager" / eager["frames_dir"]).astype(int)
+        b = read_frames(tmp_path / "compiled" / compiled["frames_dir"]).astype(int)
+        assert np.abs(a - b).max() <= 2  # Inductor reassociates the rest; attention is the op's
+    first, second = rows["compiled"]
+    # the first clip of the method compiled both experts; the second reused the graphs
+    assert first["compile_s"] > 0 and second["compile_s"] == 0
+
+
+def test_experiment_key_compile_is_a_bool(tmp_path):
+    from vcbench.config import load_experiment
+
+    path = tmp_path / "exp.yaml"
+    base = "name: t\ncommand: generate\nmodel: tiny-wan-random\nmethods: [bf16]\n"
+    path.write_text(base)
+    assert load_experiment(path)["compile"] is False
+    path.write_text(base + "compile: true\n")
+    assert load_experiment(path)["compile"] is True
+    path.write_text(base + "compile: fast\n")
+    with pytest.raises(UserError, match="key 'compile' expects bool"):
+        load_experiment(path)

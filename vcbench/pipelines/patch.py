@@ -393,6 +393,31 @@ def patch(pipe: Any, method: str, backend: str = "emulate", route_cross: bool = 
                           options=options, schedule_options=schedule).apply()
 
 
+def compile_denoisers(pipe: Any, **compile_options: Any):
+    """`torch.compile` the pipeline's transformer(s) in place (after `patch`); returns the call
+    that puts the uncompiled modules back. That call also resets Dynamo: compiled code does not
+    guard on module hooks, so a later patch of the same modules must not reuse it."""
+    originals = denoisers(pipe)
+    if isinstance(pipe, torch.nn.Module):
+        raise UserError("compile: give a pipeline; compile a bare transformer with torch.compile")
+    for name, module in originals.items():
+        setattr(pipe, name, torch.compile(module, **compile_options))
+
+    def uncompile() -> None:
+        for name, module in originals.items():
+            setattr(pipe, name, module)
+        torch._dynamo.reset()
+    return uncompile
+
+
+def compile_seconds() -> float:
+    """Seconds Dynamo has spent compiling in this process (its own timer: tracing, the
+    backend, guards), so a run can keep compile time out of its wall figures."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return float(sum(compilation_time_metrics.get("_compile.compile_inner", ())))
+
+
 def denoisers(pipe: Any) -> dict[str, torch.nn.Module]:
     """The transformer(s) of a pipeline: diffusers names them transformer, transformer_2;
     LongCat-Video's pipeline (a plain object, no `components`) holds its `dit`."""
