@@ -23,12 +23,12 @@ How the swap works, and why this way:
   method on the valid tokens only; the padded rows, which the model discards, keep SDPA.
 * The step index comes from the scheduler: every diffusers scheduler counts its own steps
   (`scheduler.step_index`, None before the first `step()`), and the pipeline calls the
-  transformer for step i before stepping, so a pre-hook on each transformer reads it. The
+  transformer for step i before stepping, so reading it at the first attention call of each
+  transformer call (`vcbench::patch_begin`, below) gives the step of that call. The
   number of steps is `len(scheduler.timesteps)`. No pipeline callback is taken over, and a
   model with two experts (Wan2.2) shares the one scheduler.
 * The latent grid (T, H, W) is the transformer input's (frames, height, width) divided by the
-  transformer's patch size, read in the same pre-hook.
-
+  transformer's patch size, read in a pre-hook on each transformer.
 * Under torch.compile the hooks and the mode are traced; what depends on the run's progress
   is not. A transformer call's first attention call starts with one custom op
   (`vcbench::patch_begin`: it reads the scheduler when it runs) and each routed call is
