@@ -123,6 +123,15 @@ def test_compiled_patched_transformer_is_one_graph_equal_to_eager(tiny, method):
     assert dict(p.plain) == {"transformer.blocks.0.attn2": 3, "transformer.blocks.1.attn2": 3}
 
 
+def test_the_patch_ops_are_not_captured_by_cuda_graphs():
+    # their bodies hold the run's state; a replayed graph would skip them
+    if not hasattr(torch.Tag, "cudagraph_unsafe"):
+        pytest.skip("this torch has no cudagraph_unsafe tag")
+    for op in (torch.ops.vcbench.patch_begin, torch.ops.vcbench.patched_attention,
+               torch.ops.vcbench.plain_attention):
+        assert torch.Tag.cudagraph_unsafe in op.default.tags
+
+
 @pytest.mark.parametrize("method", ["bf16", "sage2-8bit", "vc-8bit"])
 def test_explain_finds_no_graph_break(tiny, method):
     model, inputs = tiny.pipe.transformer, _inputs()

@@ -79,9 +79,12 @@ _SDPA = F.scaled_dot_product_attention
 # The ops name their patch by a number (a custom op's schema takes no Python objects).
 _PATCHES: weakref.WeakValueDictionary[int, AttentionPatch] = weakref.WeakValueDictionary()
 _NEXT_ID = itertools.count()
+# A replayed CUDA graph would skip the ops' Python bodies (the scheduler read, the schedule,
+# the counters), so Inductor's cudagraphs must not capture them.
+_STATEFUL = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
 
 
-@torch.library.custom_op("vcbench::patch_begin", mutates_args=())
+@torch.library.custom_op("vcbench::patch_begin", mutates_args=(), tags=_STATEFUL)
 def _patch_begin(x: torch.Tensor, patch: int, grid: list[int] | None) -> torch.Tensor:
     _PATCHES[patch]._begin(None if grid is None else tuple(grid))
     return x.new_empty(0)
@@ -92,7 +95,7 @@ def _(x, patch, grid):
     return x.new_empty(0)
 
 
-@torch.library.custom_op("vcbench::patched_attention", mutates_args=())
+@torch.library.custom_op("vcbench::patched_attention", mutates_args=(), tags=_STATEFUL)
 def _patched_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        attn_mask: torch.Tensor | None, begun: torch.Tensor, patch: int,
                        route: str, scale: float | None) -> torch.Tensor:
@@ -107,7 +110,7 @@ def _(q, k, v, attn_mask, begun, patch, route, scale):
 
 # A call left on SDPA (cross-attention) is an op too, only so that counting it happens when
 # it runs: a counter bumped in traced code is a guard on its value, a recompile every call.
-@torch.library.custom_op("vcbench::plain_attention", mutates_args=())
+@torch.library.custom_op("vcbench::plain_attention", mutates_args=(), tags=_STATEFUL)
 def _plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      attn_mask: torch.Tensor | None, begun: torch.Tensor, patch: int, route: str,
                      dropout_p: float, is_causal: bool, scale: float | None,
