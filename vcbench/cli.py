@@ -255,6 +255,9 @@ def generate(
     backend: str = typer.Option("emulate", "--backend", help="emulate | gpu | auto."),
     device: str = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: cuda if present)."),
     lora_path: Path = typer.Option(None, "--lora-path", help="LoRA weights file (minimax-h3: the paper's 8-step LoRA)."),
+    compile: bool = typer.Option(False, "--compile/--no-compile",
+                                 help="torch.compile the transformer(s) after patching; compile time is "
+                                      "recorded as compile_s, kept out of wall_s."),
     out: Path = _OUT,
 ) -> None:
     """Generate one clip per (method, prompt, seed) with the attention swapped; resumable."""
@@ -271,7 +274,7 @@ def generate(
                           seeds=_parse_seeds(seeds), out=out or default_run_dir("generate"),
                           steps=steps, frames=frames, height=height, width=width,
                           options=_parse_options(option), schedule=schedule, backend=backend,
-                          device=device, lora_path=lora_path)
+                          device=device, lora_path=lora_path, compile=compile)
     run_dir = run_generate(req)
     console.print(f"clips and manifest in {run_dir}")
 

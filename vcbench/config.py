@@ -78,6 +78,8 @@ SCHEMA: dict[str, Key] = {
     "schedule": Key("section", "grouping schedule", default={}, section=SCHEDULE),
     "backend": Key("str", "attention backend", default="emulate", choices=("emulate", "gpu", "auto")),
     "device": Key("str", "cpu, cuda, cuda:1 (absent: cuda if present)"),
+    "compile": Key("bool", "torch.compile the transformer(s) after patching (generate)",
+                   default=False),
 }
 
 

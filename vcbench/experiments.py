@@ -55,5 +55,6 @@ def _generate(s: dict, where: str) -> None:
                           methods=list(s["methods"]), prompts=read_prompts(prompts), seeds=list(s["seeds"]),
                           out=Path(s["out"]), steps=s["steps"], frames=s["frames"], height=s["height"],
                           width=s["width"], options=options, schedule=schedule, backend=s["backend"],
-                          device=s["device"], lora_path=Path(s["lora_path"]) if s["lora_path"] else None)
+                          device=s["device"], lora_path=Path(s["lora_path"]) if s["lora_path"] else None,
+                          compile=s["compile"])
     print(f"clips and manifest in {run_generate(req)}")

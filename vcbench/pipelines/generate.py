@@ -38,7 +38,7 @@ from vcbench.kernels import get_method
 from vcbench.kernels.spec.vsmooth import GroupingSchedule
 from vcbench.pipelines import distributed
 from vcbench.pipelines.loaded import ClipSettings, LoadedModel, nonfinite_frames, to_uint8
-from vcbench.pipelines.patch import SCHEDULE_OPTIONS, patch
+from vcbench.pipelines.patch import SCHEDULE_OPTIONS, compile_denoisers, compile_seconds, patch
 from vcbench.pipelines.progress import ClipProgress
 from vcbench.pipelines.prompts import Prompt
 from vcbench.pipelines.video_io import frames_sha256, write_frames, write_mp4, write_npy
@@ -65,6 +65,7 @@ class GenerateRequest:
     backend: str = "emulate"
     device: str | None = None
     lora_path: Path | None = None  # minimax-h3's distillation LoRA
+    compile: bool = False  # torch.compile the transformer(s) after patching
 
 
 @dataclass(frozen=True)
@@ -199,29 +200,39 @@ def _read_shards(root: Path, world: int) -> list[dict[str, Any]]:
 
 def _run_items(run, model, items, settings, req, method_options, bar, writes_manifest, all_items,
                shard):
-    active = None
-    for item in items:
-        bar.start_clip(item.key)
-        if _finished(run.path, item, _signature(item, settings, req, model, method_options)):
-            shard.skipped.append(item.key)
-            shard.write()
-            bar.skip_clip()
-            continue
-        if active is None or active.method != item.method:
-            if active is not None:
-                active.restore()
-            active = patch(model.pipe, item.method, backend=req.backend,
-                           **method_options[item.method], **_schedule(req))
-        try:
-            _make_clip(run.path, model, item, settings, req, method_options, active, bar)
-            shard.made.append(item.key)
-            shard.write()
-        finally:
-            if writes_manifest:
-                _write_manifest(run, all_items, "running")
-        bar.end_clip()
-    if active is not None:
-        active.restore()
+    active = uncompile = None
+
+    def release() -> None:
+        if uncompile is not None:
+            uncompile()
+        if active is not None:
+            active.restore()
+
+    try:
+        for item in items:
+            bar.start_clip(item.key)
+            if _finished(run.path, item, _signature(item, settings, req, model, method_options)):
+                shard.skipped.append(item.key)
+                shard.write()
+                bar.skip_clip()
+                continue
+            if active is None or active.method != item.method:
+                release()
+                uncompile = None
+                active = patch(model.pipe, item.method, backend=req.backend,
+                               **method_options[item.method], **_schedule(req))
+                if req.compile:  # compiled per method: the graph holds the method's ops
+                    uncompile = compile_denoisers(model.pipe)
+            try:
+                _make_clip(run.path, model, item, settings, req, method_options, active, bar)
+                shard.made.append(item.key)
+                shard.write()
+            finally:
+                if writes_manifest:
+                    _write_manifest(run, all_items, "running")
+            bar.end_clip()
+    finally:
+        release()
 
 
 def _make_clip(root, model, item, settings, req, method_options, active, bar):
@@ -240,10 +251,14 @@ def _make_clip(root, model, item, settings, req, method_options, active, bar):
 
     try:
         _sync(model)
+        compiling = compile_seconds()
         start = time.perf_counter()
         raw = model.generate_float(item.prompt.text, item.seed, settings, on_step)
         _sync(model)
-        wall = time.perf_counter() - start
+        # Compilation runs inside the first calls; its time is recorded beside the wall
+        # figure, not in it (0 for every clip after the first of a compiled method).
+        compiled_s = compile_seconds() - compiling
+        wall = time.perf_counter() - start - compiled_s
     except (KeyboardInterrupt, UserError):
         raise
     except Exception as e:  # a failing clip is recorded, the run goes on, a rerun retries it
@@ -262,6 +277,7 @@ def _make_clip(root, model, item, settings, req, method_options, active, bar):
     digest = write_frames(frames, clip / "frames")
     write_mp4(frames, clip / "preview.mp4")
     write_json(clip / ROW, {**row, "status": "ok", "wall_s": round(wall, 4),
+                            **({"compile_s": round(compiled_s, 4)} if req.compile else {}),
                             "frames_dir": f"{rel}/frames", "mp4": f"{rel}/preview.mp4", **extra,
                             "sha256": digest, "num_frames_written": int(frames.shape[0]),
                             "implementation": _implementation(item, req, model, method_options),
@@ -276,7 +292,8 @@ def _signature(item, settings, req, model, method_options) -> dict[str, Any]:
             "prompt_id": item.prompt.id, "prompt": item.prompt.text, "seed": item.seed,
             **asdict(settings), "model": model.name, "random_weights": model.random_weights,
             "backend": req.backend,
-            **({"lora_path": str(req.lora_path)} if req.lora_path else {})}
+            **({"lora_path": str(req.lora_path)} if req.lora_path else {}),
+            **({"compile": True} if req.compile else {})}
 
 
 def _implementation(item, req, model, method_options) -> str:
@@ -347,7 +364,7 @@ def _config(req, model, settings, method_options, world) -> dict[str, Any]:
             "method_options": method_options, "schedule": _schedule(req),
             "prompts": [asdict(p) for p in req.prompts], "seeds": req.seeds, **asdict(settings),
             "backend": req.backend, "device": str(model.device), "dtype": str(model.dtype),
-            "world_size": world}
+            "world_size": world, **({"compile": True} if req.compile else {})}
 
 
 def _schedule(req: GenerateRequest) -> dict[str, Any]:

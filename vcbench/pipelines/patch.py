@@ -23,11 +23,21 @@ How the swap works, and why this way:
   method on the valid tokens only; the padded rows, which the model discards, keep SDPA.
 * The step index comes from the scheduler: every diffusers scheduler counts its own steps
   (`scheduler.step_index`, None before the first `step()`), and the pipeline calls the
-  transformer for step i before stepping, so a pre-hook on each transformer reads it. The
+  transformer for step i before stepping, so reading it at the first attention call of each
+  transformer call (`vcbench::patch_begin`, below) gives the step of that call. The
   number of steps is `len(scheduler.timesteps)`. No pipeline callback is taken over, and a
   model with two experts (Wan2.2) shares the one scheduler.
 * The latent grid (T, H, W) is the transformer input's (frames, height, width) divided by the
-  transformer's patch size, read in the same pre-hook.
+  transformer's patch size, read in a pre-hook on each transformer.
+* Under torch.compile the hooks and the mode are traced; what depends on the run's progress
+  is not. A transformer call's first attention call starts with one custom op
+  (`vcbench::patch_begin`: it reads the scheduler when it runs) and each routed call is
+  another (`vcbench::patched_attention`: the counters, the observer, the grouping schedule,
+  k-means and the method, all when it runs; `vcbench::plain_attention` for the calls left on
+  SDPA), each taking patch_begin's empty result so the order holds in any graph. So a compiled
+  transformer is one graph for every step and every schedule action (regroup / reuse /
+  plain), and the k-means of a regroup step runs outside the graph by design. Eager, the
+  ops run the same code at once: outputs are the same bits.
 
 `restore()` (or leaving the `with` block) removes every hook and puts back the original
 processor objects, so the pipeline is exactly as it was.
@@ -35,8 +45,9 @@ processor objects, so the pipeline is exactly as it was.
 
 from __future__ import annotations
 
-import contextvars
 import copy
+import itertools
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,7 +76,55 @@ SCHEDULE_OPTIONS = {
     "schedule_after_window": "after_window",
 }
 _SDPA = F.scaled_dot_product_attention
-_current = contextvars.ContextVar("vcbench_attention_module", default=None)
+# The ops name their patch by a number (a custom op's schema takes no Python objects).
+_PATCHES: weakref.WeakValueDictionary[int, AttentionPatch] = weakref.WeakValueDictionary()
+_NEXT_ID = itertools.count()
+# A replayed CUDA graph would skip the ops' Python bodies (the scheduler read, the schedule,
+# the counters), so Inductor's cudagraphs must not capture them.
+_STATEFUL = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+
+
+@torch.library.custom_op("vcbench::patch_begin", mutates_args=(), tags=_STATEFUL)
+def _patch_begin(x: torch.Tensor, patch: int, grid: list[int] | None) -> torch.Tensor:
+    _PATCHES[patch]._begin(None if grid is None else tuple(grid))
+    return x.new_empty(0)
+
+
+@_patch_begin.register_fake
+def _(x, patch, grid):
+    return x.new_empty(0)
+
+
+@torch.library.custom_op("vcbench::patched_attention", mutates_args=(), tags=_STATEFUL)
+def _patched_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       attn_mask: torch.Tensor | None, begun: torch.Tensor, patch: int,
+                       route: str, scale: float | None) -> torch.Tensor:
+    # `begun` (patch_begin's result) is unused here: it orders this call after patch_begin.
+    return _PATCHES[patch]._routed_call(route, q, k, v, attn_mask, scale).contiguous()
+
+
+@_patched_attention.register_fake
+def _(q, k, v, attn_mask, begun, patch, route, scale):
+    return q.new_empty(q.shape)
+
+
+# A call left on SDPA (cross-attention) is an op too, only so that counting it happens when
+# it runs: a counter bumped in traced code is a guard on its value, a recompile every call.
+@torch.library.custom_op("vcbench::plain_attention", mutates_args=(), tags=_STATEFUL)
+def _plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     attn_mask: torch.Tensor | None, begun: torch.Tensor, patch: int, route: str,
+                     dropout_p: float, is_causal: bool, scale: float | None,
+                     enable_gqa: bool) -> torch.Tensor:
+    _PATCHES[patch].plain[route] += 1
+    return _SDPA(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                 scale=scale, enable_gqa=enable_gqa)
+
+
+@_plain_attention.register_fake
+def _(q, k, v, attn_mask, begun, patch, route, dropout_p, is_causal, scale, enable_gqa):
+    # SDPA's own meta function: the fake has the strides the real call returns
+    return _SDPA(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                 scale=scale, enable_gqa=enable_gqa)
 
 
 @dataclass
@@ -122,6 +181,11 @@ class AttentionPatch:
         self._saved_processors: dict[torch.nn.Module, Any] = {}
         self._pinned_cores: list[tuple[torch.nn.Module, str]] = []
         self._modes: list[_Intercept] = []
+        self._routes: dict[str, _Route] = {}
+        self._begun: torch.Tensor | None = None  # patch_begin's result for the current call
+        self._grid: tuple[int, int, int] | None = None
+        self._id = next(_NEXT_ID)
+        _PATCHES[self._id] = self
         self._applied = False
         # Called as observe(name, step, pass_index, q, k, v, grid) before each routed call
         # (vcbench capture uses it to save the post-RoPE tensors).
@@ -147,6 +211,7 @@ class AttentionPatch:
                     raise UserError(f"route_cross: {type(module).__name__} modules ({tname}.{mname}) are "
                                     "routed as self-attention only; this model's cross-attention cannot be")
                 route = _Route(f"{tname}.{mname}", bool(getattr(module, "is_cross_attention", False)))
+                self._routes[route.name] = route
                 if core is not None:
                     self._pin_sdpa(module, core)
                 else:
@@ -168,6 +233,8 @@ class AttentionPatch:
         self._pinned_cores.clear()
         while self._modes:  # only after an exception that skipped a forward hook
             self._modes.pop().__exit__(None, None, None)
+        self._routes.clear()
+        self._begun = self._grid = None
         self._applied = False
 
     def __enter__(self) -> AttentionPatch:
@@ -204,6 +271,15 @@ class AttentionPatch:
     # -- hooks ------------------------------------------------------------------------------
 
     def _on_transformer(self, model, args, kwargs):
+        # Only Python here: torch.compile(transformer) runs hooks as a frame of their own, so a
+        # tensor op here would be a second graph per call. The grid is static under a trace
+        # (shapes and config); the scheduler is read by patch_begin when it runs, at the first
+        # attention call (inside the transformer's graph).
+        self._grid = latent_grid(model, args, kwargs)
+        self._begun = None
+
+    def _begin(self, grid: tuple[int, int, int] | None) -> None:
+        """A transformer call starts: the step and CFG pass from the scheduler, the grid."""
         scheduler = getattr(self.pipe, "scheduler", None)
         step = getattr(scheduler, "step_index", None)
         step = 0 if step is None else int(step)
@@ -215,7 +291,7 @@ class AttentionPatch:
             s = self.state
         s.pass_index = s.pass_index + 1 if s.started and step == s.step else 0
         s.step, s.num_steps, s.started = step, max(num_steps, step + 1), True
-        s.grid = latent_grid(model, args, kwargs)
+        s.grid = grid
 
     def _enter(self, route: _Route):
         def hook(module, args):
@@ -233,13 +309,26 @@ class AttentionPatch:
     def _sdpa(self, route: _Route, query, key, value, attn_mask=None, dropout_p=0.0,
               is_causal=False, scale=None, enable_gqa=False):
         same_shape = query.shape == key.shape == value.shape
-        if (route.cross and not self.route_cross) or not same_shape or is_causal or dropout_p:
+        plain = (route.cross and not self.route_cross) or not same_shape or is_causal or dropout_p
+        if plain:
             if route.cross and self.route_cross and not same_shape:
                 raise UserError(f"route_cross: {route.name} attends {query.shape[-2]} queries to "
                                 f"{key.shape[-2]} keys; the methods take self-attention only")
-            self.plain[route.name] += 1
-            return _SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        if self._begun is None:  # the first attention call of this transformer call
+            grid = self._grid
+            self._begun = torch.ops.vcbench.patch_begin(query, self._id,
+                                                        None if grid is None else list(grid))
+        if plain:
+            return torch.ops.vcbench.plain_attention(
+                query, key, value, attn_mask, self._begun, self._id, route.name, float(dropout_p),
+                bool(is_causal), None if scale is None else float(scale), bool(enable_gqa))
+        return torch.ops.vcbench.patched_attention(query, key, value, attn_mask, self._begun,
+                                                   self._id, route.name,
+                                                   None if scale is None else float(scale))
+
+    def _routed_call(self, name: str, query, key, value, attn_mask, scale):
+        """The body of `vcbench::patched_attention`: runs when the call runs, never traced."""
+        route = self._routes[name]
         self.routed[route.name] += 1
         if self.observe is not None:
             s = self.state
@@ -305,6 +394,31 @@ def patch(pipe: Any, method: str, backend: str = "emulate", route_cross: bool = 
         raise UserError(f"grouping schedule: {e}") from None
     return AttentionPatch(pipe, method, backend=backend, route_cross=route_cross,
                           options=options, schedule_options=schedule).apply()
+
+
+def compile_denoisers(pipe: Any, **compile_options: Any):
+    """`torch.compile` the pipeline's transformer(s) in place (after `patch`); returns the call
+    that puts the uncompiled modules back. That call also resets Dynamo: compiled code does not
+    guard on module hooks, so a later patch of the same modules must not reuse it."""
+    originals = denoisers(pipe)
+    if isinstance(pipe, torch.nn.Module):
+        raise UserError("compile: give a pipeline; compile a bare transformer with torch.compile")
+    for name, module in originals.items():
+        setattr(pipe, name, torch.compile(module, **compile_options))
+
+    def uncompile() -> None:
+        for name, module in originals.items():
+            setattr(pipe, name, module)
+        torch._dynamo.reset()
+    return uncompile
+
+
+def compile_seconds() -> float:
+    """Seconds Dynamo has spent compiling in this process (its own timer: tracing, the
+    backend, guards), so a run can keep compile time out of its wall figures."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return float(sum(compilation_time_metrics.get("_compile.compile_inner", ())))
 
 
 def denoisers(pipe: Any) -> dict[str, torch.nn.Module]:
