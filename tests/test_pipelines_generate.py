@@ -10,22 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runs import ROOT, SMALL, prompts_file, run_vcbench
 
 from vcbench.pipelines.video_io import read_frames
 
-ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--steps", "2", "--frames", "5", "--height", "128", "--width", "128"]
-
 
 def _prompts(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    path.write_text('{"id": "fox", "prompt": "a fox in snow"}\n{"id": "sea", "prompt": "waves"}\n')
-    return path
+    return prompts_file(tmp_path, {"fox": "a fox in snow", "sea": "waves"})
 
 
-def _vcbench(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "vcbench", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, **kw)
+_vcbench = run_vcbench
 
 
 def _files(run: Path) -> dict[str, bytes]:

@@ -11,22 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cli_runs import ROOT, SMALL, prompts_file, run_vcbench
 
 from vcbench.runs import WRITER_LOCK
 
-ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--steps", "2", "--frames", "5", "--height", "128", "--width", "128"]
-
 
 def _prompts(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    path.write_text('{"id": "fox", "prompt": "a fox in snow"}\n')
-    return path
+    return prompts_file(tmp_path, {"fox": "a fox in snow"})
 
 
-def _vcbench(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "vcbench", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, **kw)
+_vcbench = run_vcbench
 
 
 def _clip_bytes(run: Path) -> dict[str, bytes]:
