@@ -75,8 +75,11 @@ def available_backends(method: Method) -> list[str]:
 def gpu_kernels(plan) -> str:
     """The GPU backends that compute `plan`, in priority order, each with whether it runs
     here and, if not, why (one backend list decides this and `attention`'s choice)."""
-    names = [b.name + ("" if b.available() is None else f" (not here: {b.available()})")
-             for b in backends.BACKENDS if b.supports(plan, None) is None]
+    names = []
+    for b in backends.BACKENDS:
+        if b.supports(plan, None) is None:
+            why = b.available()
+            names.append(b.name + ("" if why is None else f" (not here: {why})"))
     return ", ".join(names) or "none"
 
 
@@ -140,7 +143,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
     if chosen is not None:
         if q.dtype not in (torch.bfloat16, torch.float16):
             raise UserError(f"the GPU kernels take bf16 or fp16 inputs, got {q.dtype}")
-        out = backends.run(chosen, q, k, v, plan, call)
+        out = chosen.run(q, k, v, plan, call)
     else:  # the emulation groups V itself (torch's k-means on the FP32 values) when asked to
         out = emulate(q, k, v, plan, **call)
     return out.transpose(1, 2) if tensor_layout == "NHD" else out

@@ -12,8 +12,6 @@ The first that is available here and supports the plan (on inputs of this shape)
 
 from __future__ import annotations
 
-import torch
-
 from vcbench.kernels.backends.common import KERNEL_ENV, TILE, Backend, triton_ready
 from vcbench.kernels.backends.external import CUDNN, FA4, SAGE2_OFFICIAL
 from vcbench.kernels.backends.sm90 import SM90
@@ -23,16 +21,12 @@ from vcbench.kernels.spec.method import Plan
 BACKENDS: tuple[Backend, ...] = (FA4, CUDNN, SAGE2_OFFICIAL, SM90, TRITON, NVFP4)
 __all__ = ["BACKENDS", "CUDNN", "FA4", "KERNEL_ENV", "NVFP4", "NVFP4_IMPLEMENTATION",
            "SAGE2_OFFICIAL", "SM90", "TILE", "TRITON",
-           "Backend", "reasons", "run", "select", "triton_ready", "why_none"]
+           "Backend", "reasons", "select", "triton_ready", "why_none"]
 
 
 def reasons(plan: Plan, shape: tuple[int, ...] | None = None) -> list[tuple[Backend, str | None]]:
     """Each backend with None (it would run `plan`) or why it would not, in priority order."""
-    out = []
-    for b in BACKENDS:
-        why = b.supports(plan, shape) or b.available()
-        out.append((b, why))
-    return out
+    return [(b, b.supports(plan, shape) or b.available()) for b in BACKENDS]
 
 
 def select(plan: Plan, shape: tuple[int, ...] | None = None) -> Backend | None:
@@ -51,9 +45,3 @@ def why_none(plan: Plan, shape: tuple[int, ...] | None = None,
     if among is not None:
         named = [(b, why) for b, why in named if b.supports(among, None) is None] or named
     return "; ".join(f"{b.name}: {why}" for b, why in named)
-
-
-def run(backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan,
-        call: dict) -> torch.Tensor:
-    """HND in, HND out in the input dtype."""
-    return backend.run(q, k, v, plan, call)

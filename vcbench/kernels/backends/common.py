@@ -23,6 +23,7 @@ from vcbench.kernels.spec.method import Plan
 
 KERNEL_ENV = "VCBENCH_KERNEL"  # auto (default) | sm90 | triton: which vcbench kernel may run
 TILE = 128  # the vcbench kernels' query and key tile, the K scale block, V-Smooth's block
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, where 2-D grids put batch x heads
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,11 @@ def kernel_preference() -> str:
 @lru_cache(maxsize=1)
 def triton_ready() -> bool:
     """CUDA, a Hopper-or-newer GPU (FP8 tensor cores), and Triton importable."""
-    if not torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
-        return False
-    return torch.cuda.get_device_capability() >= (9, 0)
+    return triton_reason() is None
 
 
 def triton_reason() -> str | None:
+    """Why the Triton kernels cannot run here, or None."""
     if not torch.cuda.is_available():
         return "no CUDA GPU"
     if importlib.util.find_spec("triton") is None:

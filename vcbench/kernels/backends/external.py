@@ -4,6 +4,7 @@ the official SageAttention2 for its released configuration."""
 from __future__ import annotations
 
 import importlib.util
+from functools import lru_cache
 
 import torch
 
@@ -15,6 +16,7 @@ from vcbench.kernels.spec.methods import sage2
 from vcbench.kernels.spec.probability import ExpThenCast
 
 
+@lru_cache(maxsize=1)  # asked on every BF16 call: look once
 def flash_attn4():
     try:
         from flash_attn.cute import flash_attn_func
@@ -23,6 +25,7 @@ def flash_attn4():
     return flash_attn_func
 
 
+@lru_cache(maxsize=1)
 def official_sageattention():
     """(module, version) of the official SageAttention2 package, or None."""
     if importlib.util.find_spec("sageattention") is None:

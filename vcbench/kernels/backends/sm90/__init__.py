@@ -9,20 +9,19 @@ from __future__ import annotations
 import warnings
 from functools import lru_cache
 
-from vcbench.kernels.backends.common import Backend, kernel_preference, split_prepared
+from vcbench.kernels.backends.common import MAX_GRID_Y, Backend, kernel_preference, split_prepared
 from vcbench.kernels.backends.sm90 import compiled
 from vcbench.kernels.backends.triton import operands
 
-# The grid holds one (batch, head) per row of CTAs: CUDA's 65535 limit on a grid's second
-# axis. Past it the Triton kernel (1-D grid) runs the call.
-MAX_BATCH_HEADS = 65535
-
 
 def supports(plan, shape=None) -> str | None:
+    """The 8-bit Triton preprocessing's plans that the kernel itself takes. Its grid holds one
+    (batch, head) per row of CTAs, so past MAX_GRID_Y of them the Triton kernel (1-D grid) runs
+    the call."""
     reason = operands.unsupported_reason(plan) or compiled.unsupported_reason(
         plan, shape[-1] if shape is not None else 128)
-    if reason is None and shape is not None and shape[0] * shape[1] > MAX_BATCH_HEADS:
-        reason = f"batch x heads above {MAX_BATCH_HEADS}"
+    if reason is None and shape is not None and shape[0] * shape[1] > MAX_GRID_Y:
+        reason = f"batch x heads above {MAX_GRID_Y}"
     return reason
 
 

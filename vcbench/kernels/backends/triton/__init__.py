@@ -15,6 +15,7 @@ from vcbench.kernels.backends.common import (
     Backend,
     kernel_preference,
     split_prepared,
+    triton_ready,
     triton_reason,
 )
 from vcbench.kernels.backends.triton.operands import (
@@ -36,7 +37,7 @@ def run_prepared(ops, plan, out, **launch_config):
 
 def _available() -> str | None:
     kernel_preference()  # a bad VCBENCH_KERNEL is an error wherever a kernel is chosen
-    return triton_reason()
+    return None if triton_ready() else triton_reason()  # asked on every call: cached when ready
 
 
 TRITON = Backend("vcbench-triton", _available, unsupported_reason,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from vcbench.errors import UserError
-from vcbench.kernels.backends.common import TILE
+from vcbench.kernels.backends.common import MAX_GRID_Y, TILE
 from vcbench.kernels.reference.engine import softmax_scale_log2
 from vcbench.kernels.reference.vsmooth import token_mean
 from vcbench.kernels.spec.formats import E2M1, E4M3, INT8, scale_for
@@ -165,7 +165,6 @@ def kernel_switches(plan: Plan) -> dict:
 
 # ---- which plans and shapes the NVFP4 kernels take (nvfp4.py, nvfp4_attention.py) -----------
 
-MAX_GRID_Y = 65535  # CUDA's limit on the second grid axis, where the kernels put batch x heads
 
 
 def nvfp4_plan_reason(plan: Plan) -> str | None:
