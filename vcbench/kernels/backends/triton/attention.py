@@ -41,6 +41,8 @@ import math
 import triton
 import triton.language as tl
 
+from vcbench.kernels.backends.triton.quantize import program
+
 MAGIC_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: adding it rounds a float in [0, 2^22) to an integer
 MAGIC_INT = tl.constexpr(0x4B400000)  # the bits of MAGIC_ROUND: int + MAGIC_INT, read as FP32, is MAGIC_ROUND + int
 
@@ -114,9 +116,7 @@ def _attention_fwd(Q, QS, K, KS, VT, VS, VM, Out, n_q, n_k, n_q_pad, n_k_pad, H,
     # A 1-D grid, query blocks fastest (the order of the 2-D grid it replaces, so a head's K
     # and V stay hot in L2); bh and the per-(batch, head) bases are 64-bit: an operand of a
     # Wan2.2 1080p call holds 3.5e9 elements.
-    pid = tl.program_id(0).to(tl.int64)
-    pid_m = pid % m_blocks
-    bh = pid // m_blocks
+    pid_m, bh = program(m_blocks)
     b = bh // H
     h = bh % H
     Q = Q + bh * n_q_pad * D

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vcbench.kernels.backends.triton.quantize import program
 from vcbench.kernels.reference.vsmooth import group, initial_centroids
 
 BLOCK = 128
@@ -32,9 +33,7 @@ def _assign(X, CHi, CLo, CNorm, Labels, Sums, Counts, n, n_chunks, stride_b, str
             stride_n, H, K: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
             TILES: tl.constexpr, ACCUMULATE: tl.constexpr):
     # 1-D grid (bh * n_chunks + chunk), 64-bit offsets: V of a 1080p call passes 2^31 elements.
-    pid = tl.program_id(0).to(tl.int64)
-    chunk = pid % n_chunks
-    bh = pid // n_chunks
+    chunk, bh = program(n_chunks)
     b = bh // H
     h = bh % H
     base = X + b * stride_b + h * stride_h

@@ -45,8 +45,9 @@ else:
 
 
 @triton.jit
-def _program(blocks):
-    """(block, bh) of this program in a 1-D grid of bh * blocks + block; bh is 64-bit."""
+def program(blocks):
+    """(block, bh) of this program in a 1-D grid of bh * blocks + block, both 64-bit: every
+    vcbench Triton kernel's grid, blocks fastest (a head's programs run side by side)."""
     pid = tl.program_id(0).to(tl.int64)
     return pid % blocks, pid // blocks
 
@@ -74,7 +75,7 @@ def _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H, ROWS: tl.
 @triton.jit
 def _token_sums(X, Sums, n, chunks, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
                 D: tl.constexpr, TILES: tl.constexpr):
-    chunk, bh = _program(chunks)
+    chunk, bh = program(chunks)
     acc = tl.zeros([D], tl.float64)
     for t in range(TILES):
         x, rows, cols, valid = _load_rows(X, X, chunk * TILES + t, bh, n, stride_b, stride_h,
@@ -101,7 +102,7 @@ def token_mean_gpu(x):
 def _quantize_rows(X, Perm, Mean, Out, Scale, n, n_pad, stride_b, stride_h, stride_n, H,
                    multiplier, ROWS: tl.constexpr, D: tl.constexpr, FMT: tl.constexpr,
                    HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr):
-    group, bh = _program(n_pad // ROWS)
+    group, bh = program(n_pad // ROWS)
     x, rows, cols, valid = _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H,
                                       ROWS, D, HAS_PERM)
     if MULTIPLY:
@@ -131,7 +132,7 @@ def _quantize_rows(X, Perm, Mean, Out, Scale, n, n_pad, stride_b, stride_h, stri
 def _v_block_stats(X, Perm, Means, BlockAmax, n, n_blocks, stride_b, stride_h, stride_n, H,
                    ROWS: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
                    DEMEAN: tl.constexpr):
-    block, bh = _program(n_blocks)
+    block, bh = program(n_blocks)
     x, rows, cols, valid = _load_rows(X, Perm, block, bh, n, stride_b, stride_h, stride_n, H,
                                       ROWS, D, HAS_PERM)
     if DEMEAN:
@@ -147,7 +148,7 @@ def _quantize_v(X, Perm, Means, Scale, OutT, StoredMeans, n, n_pad, stride_b, st
                 H, ROWS: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
                 DEMEAN: tl.constexpr, PER_BLOCK: tl.constexpr):
     n_blocks = n_pad // ROWS
-    block, bh = _program(n_blocks)
+    block, bh = program(n_blocks)
     x, rows, cols, valid = _load_rows(X, Perm, block, bh, n, stride_b, stride_h, stride_n, H,
                                       ROWS, D, HAS_PERM)
     if PER_BLOCK:  # fp8-fa4: one scale per block of tokens, all channels
