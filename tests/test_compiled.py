@@ -107,10 +107,32 @@ def test_cli_status_says_why_in_one_line(monkeypatch, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("method, supported", [("vc-8bit", True), ("vc-8bit-vsmooth", True),
-                                               ("sage2-8bit", True), ("fp8-fa4", False),
-                                               ("vc-4bit", False), ("bf16", False)])
+                                               ("sage2-8bit", True), ("fp8-fa4", True),
+                                               ("vc-8bit-fp8qk", True), ("vc-4bit", False),
+                                               ("bf16", False)])
 def test_supported_plans(method, supported):
     assert (compiled.unsupported_reason(get_method(method).plan()) is None) == supported
+
+
+def test_fp8_scores_run_only_in_the_combinations_compiled():
+    # FP8 scores exist as vc-8bit-fp8qk's instance (ExpCast, V-Smooth) and fp8-fa4's (exp2, a
+    # V scale per tile); other combinations say which instance is missing
+    assert compiled.unsupported_reason(get_method("fp8-fa4").plan({"hadamard_qk": True})) is None
+    reason = compiled.unsupported_reason(get_method("vc-8bit-fp8qk").plan({"vsmooth": False}))
+    assert reason == "no compiled instance for ExpCast, no V-Smooth, FP8, V per channel"
+    # every instance listed is a combination some registered plan needs, and each is distinct
+    assert len(set(compiled.INSTANCES)) == len(compiled.INSTANCES) == 6
+
+
+def test_launch_table_lists_the_python_instances():
+    # compiled.INSTANCES must name what launch.cu instantiates, in its order
+    text = (compiled.CSRC / "launch.cu").read_text()
+    table = text[text.index("constexpr Instance INSTANCES[] = {"):].split("};", 1)[0]
+    found = []
+    for args in re.findall(r"instance<([^>]*)>\(\)", table):
+        flags = [a.strip() == "true" for a in args.split(",")]
+        found.append(tuple(flags + [False] * (4 - len(flags))))
+    assert tuple(found) == compiled.INSTANCES
 
 
 def test_q_per_block_and_options_without_v_smooth_are_supported():
@@ -134,11 +156,12 @@ def test_kernel_arguments_match_the_triton_switches():
     class Ops:
         n = 1000
 
-    for name in ("vc-8bit", "vc-8bit-vsmooth", "sage2-8bit"):
+    for name in ("vc-8bit", "vc-8bit-vsmooth", "sage2-8bit", "fp8-fa4", "vc-8bit-fp8qk"):
         plan = get_method(name).plan()
         args = compiled.arguments(Ops, plan)
         sw = kernel_switches(plan)
         assert args["expcast"] == sw["expcast"] and args["q_rows"] == sw["q_rows"]
+        assert args["v_per_tile"] == sw["v_per_tile"] == (name == "fp8-fa4")
         assert args["expcast_bias"] == pytest.approx(sw["expcast_bias"])
         if not sw["expcast"]:
             assert args["log2_p_scale"] == pytest.approx(math.log2(sw["p_scale"]))
@@ -177,7 +200,7 @@ def test_sm90_without_a_build_falls_back_with_one_line(monkeypatch):
     notes = [str(w.message) for w in caught]
     assert len(notes) == 1 and "make kernels" in notes[0] and "Triton" in notes[0]
     assert "\n" not in notes[0]
-    assert not on_sm90(get_method("fp8-fa4").plan())  # not its plan: no note needed
+    assert not on_sm90(get_method("vc-4bit").plan())  # not its plan: no note needed
     monkeypatch.setattr(compiled, "status", lambda: None)
     assert on_sm90(get_method("vc-8bit").plan())
 

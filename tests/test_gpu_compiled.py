@@ -62,7 +62,7 @@ def check_against_emulation(q, k, v, method, options=None, out=None):
     return ops, plan, out
 
 
-@pytest.mark.parametrize("method", ["vc-8bit", "vc-8bit-vsmooth"])
+@pytest.mark.parametrize("method", ["vc-8bit", "vc-8bit-vsmooth", "vc-8bit-fp8qk", "fp8-fa4"])
 @pytest.mark.parametrize("n", [1000, 4133, 8192])
 @pytest.mark.parametrize("kind", ["normal", "outliers"])
 def test_compiled_matches_emulation(built, method, n, kind):
@@ -73,7 +73,8 @@ def test_compiled_matches_emulation(built, method, n, kind):
 @pytest.mark.parametrize("method, options", [("sage2-8bit", {}),
                                              ("sage2-8bit", {"q_granularity": "block"}),
                                              ("vc-8bit", {"vsmooth": False}),
-                                             ("vc-8bit", {"q_granularity": "block"})])
+                                             ("vc-8bit", {"q_granularity": "block"}),
+                                             ("fp8-fa4", {"hadamard_qk": True})])
 def test_other_plans_it_covers(built, method, options):
     q, k, v = inputs("outliers", 3001, 128, zlib.crc32(f"{method}{options}".encode()))
     check_against_emulation(q, k, v, method, options)
@@ -91,9 +92,21 @@ def test_batches_strided_fp16_output_and_repeatability(built):
     assert torch.equal(out, first)
 
 
+def test_fp8_score_instances_take_e4m3_codes_and_a_zero_v_tile(built):
+    """The FP8-score instances read the prepared E4M3 Q and K codes; a zero V
+    tile (scale 0, fp8-fa4's per-tile V) leaves the output finite and that tile's keys count
+    in the softmax's sum as in the emulation."""
+    q, k, v = inputs("normal", 1500, 128, 11)
+    v[:, :, 256:384] = 0  # one whole KV tile of zeros
+    for method in ("fp8-fa4", "vc-8bit-fp8qk"):
+        ops, plan, out = check_against_emulation(q, k, v, method)
+        assert ops.q.dtype == ops.k.dtype == torch.float8_e4m3fn
+
+
 def test_public_api_with_vcbench_kernel_sm90(built, monkeypatch):
     monkeypatch.setenv("VCBENCH_KERNEL", "sm90")
     assert implementation("vc-8bit") == compiled.IMPLEMENTATION
+    assert implementation("fp8-fa4") == compiled.IMPLEMENTATION
     q, k, v = inputs("normal", 3000, 128, 7)
     out = vcbench.attention(q, k, v, "vc-8bit", backend="gpu")
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
@@ -101,8 +114,8 @@ def test_public_api_with_vcbench_kernel_sm90(built, monkeypatch):
 
 
 def test_describe_reports_no_local_memory(built):
-    """Every compiled instance (ExpCast or exp2, V-Smooth or not) is free of local memory."""
+    """Every compiled instance is free of local memory."""
     text = built.describe()
     lines = text.splitlines()
-    assert len(lines) == 4, text
+    assert len(lines) == len(compiled.INSTANCES), text
     assert all(" 0 B local" in line for line in lines), text

@@ -21,7 +21,7 @@ from vcbench.kernels.backends.triton.operands import prepare_gpu
 from vcbench.kernels.reference.engine import finish, prepare, run
 
 PLANS = [("vc-8bit", {}), ("vc-8bit-vsmooth", {}), ("vc-8bit", {"vsmooth": False}),
-         ("sage2-8bit", {})]
+         ("sage2-8bit", {}), ("vc-8bit-fp8qk", {}), ("fp8-fa4", {})]
 
 
 def rel(a, b):

@@ -8,12 +8,12 @@ need the `a` target). Importing this module never compiles anything and never ne
 line why there is none (not built, built from other sources, no CUDA, not Hopper).
 
 It runs the prepared operands of `backends.triton.operands.prepare_gpu` (the same `GpuOperands`
-the Triton kernel reads) for plans with INT8 Q/K (Q per 16 or 128 rows, K per 128 keys),
-per-channel E4M3 V, P by ExpCast-FP8 or exp2-then-E4M3, optional V-Smooth, head dim 128:
-`vc-8bit`, `vc-8bit-vsmooth`, and `sage2-8bit`'s kernel. One schedule for every plan: three
-consumer warpgroups that each run QK, softmax and PV in order, a producer warpgroup feeding
-them by TMA (csrc/, one file per phase; mainloop.cuh is the kernel); four instances,
-ExpCast or exp2 times V-Smooth or not.
+the Triton kernel reads) for plans with INT8 or E4M3 Q/K (Q per 16 or 128 rows, K per 128
+keys), E4M3 V per channel or per KV tile, P by ExpCast-FP8 or exp2-then-E4M3, optional
+V-Smooth, head dim 128, in the combinations INSTANCES lists: `vc-8bit` (with and without
+V-Smooth), `vc-8bit-vsmooth`, `sage2-8bit`, `vc-8bit-fp8qk` and `fp8-fa4`. One schedule for
+every plan: three consumer warpgroups that each run QK, softmax and PV in order, a producer
+warpgroup feeding them by TMA (csrc/, one file per phase; mainloop.cuh is the kernel).
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ HEADERS = ("forward.cuh", "traits.cuh", "pipeline.cuh", "mma.cuh",
            "mainloop.cuh")
 MEAN_BATCH = 16  # tiles per V-Smooth mean product (forward.cuh's MEAN_BATCH)
 IMPLEMENTATION = "vcbench-sm90"
+# The compiled instances, (ExpCast, V-Smooth, FP8 scores, V scale per tile): launch.cu's
+# INSTANCES. INT8 scores with each P encoding and V-Smooth or not; FP8 scores for
+# vc-8bit-fp8qk (ExpCast, V-Smooth) and fp8-fa4 (exp2, a V scale per tile).
+INSTANCES = ((True, True, False, False), (False, True, False, False), (True, False, False, False),
+             (False, False, False, False), (True, True, True, False), (False, False, True, True))
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"
 
 
@@ -161,16 +166,18 @@ build.seconds = None
 def unsupported_reason(plan, head_dim: int = 128) -> str | None:
     """Why the compiled kernel cannot run this plan, or None if it can. It runs the 8-bit
     Triton kernel's operands (`backends.triton.operands`), so a plan must first be one that
-    kernel takes; the sm90 backend checks that, this the kernel's own limits: INT8 QK, Q
-    scales per 16..128 rows, per-channel V, head dim 128."""
+    kernel takes; the sm90 backend checks that, this the kernel's own limits: INT8 or E4M3
+    Q/K, Q scales per 16..128 rows, V per channel or per KV tile, head dim 128, and a compiled
+    instance for the plan's combination."""
     from vcbench.kernels.spec.formats import E4M3, INT8
     from vcbench.kernels.spec.granularity import PerBlock, PerChannel
     from vcbench.kernels.spec.probability import ExpCast
 
-    if plan.q.fmt is not INT8:
-        return "the compiled kernel takes INT8 Q/K"
-    if plan.v.fmt is not E4M3 or not isinstance(plan.v.granularity, PerChannel):
-        return "the compiled kernel takes per-channel E4M3 V"
+    if plan.q.fmt not in (INT8, E4M3) or plan.k.fmt is not plan.q.fmt:
+        return "the compiled kernel takes INT8 or E4M3 Q/K, both the same"
+    v_tile = isinstance(plan.v.granularity, PerBlock) and plan.v.granularity.rows == 128
+    if plan.v.fmt is not E4M3 or not (v_tile or isinstance(plan.v.granularity, PerChannel)):
+        return "the compiled kernel takes E4M3 V, per channel or per 128-key tile"
     rows = plan.q.granularity.rows if isinstance(plan.q.granularity, PerBlock) else None
     if rows is None or rows < 16 or 128 % rows:
         return "the compiled kernel takes Q scales per 16..128 rows"
@@ -178,17 +185,26 @@ def unsupported_reason(plan, head_dim: int = 128) -> str | None:
         return "the compiled kernel takes head dim 128"
     if not isinstance(plan.p, ExpCast) and float(plan.p.scale) <= 0:
         return "P scale must be positive"
+    combination = (isinstance(plan.p, ExpCast), plan.vsmooth is not None, plan.q.fmt is E4M3,
+                   v_tile)
+    if combination not in INSTANCES:
+        names = ("ExpCast" if combination[0] else "exp2", "V-Smooth" if combination[1] else
+                 "no V-Smooth", "FP8" if combination[2] else "INT8",
+                 "V per tile" if combination[3] else "V per channel")
+        return f"no compiled instance for {', '.join(names)}"
     return None
 
 
 def arguments(ops, plan) -> dict:
     """The kernel's scalar arguments for a plan (the compiled twin of gpu.kernel_switches)."""
+    from vcbench.kernels.spec.granularity import PerBlock
     from vcbench.kernels.spec.probability import ExpCast
 
     expcast = isinstance(plan.p, ExpCast)
     return dict(n=ops.n, q_rows=plan.q.granularity.rows, expcast=expcast,
                 expcast_bias=120.0 + (plan.p.beta if expcast else 0.0),
-                log2_p_scale=0.0 if expcast else math.log2(float(plan.p.scale)))
+                log2_p_scale=0.0 if expcast else math.log2(float(plan.p.scale)),
+                v_per_tile=isinstance(plan.v.granularity, PerBlock))
 
 
 def blocked_means(v_mean):

@@ -27,17 +27,24 @@ void check(const torch::Tensor& t, const char* name, at::ScalarType dtype,
 torch::Tensor forward(torch::Tensor q, torch::Tensor q_scale, torch::Tensor k,
                       torch::Tensor k_scale, torch::Tensor v_t, torch::Tensor v_scale,
                       c10::optional<torch::Tensor> v_mean, torch::Tensor out, int64_t n,
-                      int64_t q_rows, bool expcast, double expcast_bias, double log2_p_scale) {
+                      int64_t q_rows, bool expcast, double expcast_bias, double log2_p_scale,
+                      bool v_per_tile) {
   TORCH_CHECK(q.dim() == 4, "q must be (B, H, N_pad, D)");
   const int64_t b = q.size(0), h = q.size(1), n_pad = q.size(2), d = q.size(3);
   TORCH_CHECK(d == 128, "the compiled kernel takes head dim 128, got ", d);
   TORCH_CHECK(q_rows > 0 && n_pad % q_rows == 0, "q_rows must divide N_pad");
-  check(q, "q", at::kChar, {b, h, n_pad, d});
+  // the score format is the codes' dtype: INT8 or E4M3, the same for Q and K
+  const bool qk_fp8 = q.scalar_type() == at::kFloat8_e4m3fn;
+  const at::ScalarType qk_dtype = qk_fp8 ? at::kFloat8_e4m3fn : at::kChar;
+  check(q, "q", qk_dtype, {b, h, n_pad, d});
   check(q_scale, "q_scale", at::kFloat, {b, h, n_pad / q_rows});
-  check(k, "k", at::kChar, {b, h, n_pad, d});
+  check(k, "k", qk_dtype, {b, h, n_pad, d});
   check(k_scale, "k_scale", at::kFloat, {b, h, n_pad / 128});
   check(v_t, "v_t", at::kFloat8_e4m3fn, {b, h, d, n_pad});
-  check(v_scale, "v_scale", at::kFloat, {b, h, d});
+  if (v_per_tile)
+    check(v_scale, "v_scale", at::kFloat, {b, h, n_pad / 128});
+  else
+    check(v_scale, "v_scale", at::kFloat, {b, h, d});
   // the means blocked (compiled.blocked_means): whole batches of MEAN_BATCH tiles, zero-padded
   const int64_t tiles = n_pad / 128;
   const int64_t mean_rows = (tiles + vc::MEAN_BATCH - 1) / vc::MEAN_BATCH * vc::MEAN_BATCH;
@@ -72,6 +79,8 @@ torch::Tensor forward(torch::Tensor q, torch::Tensor q_scale, torch::Tensor k,
   a.n_pad = static_cast<int>(n_pad);
   a.q_rows = static_cast<int>(q_rows);
   a.expcast = expcast;
+  a.qk_fp8 = qk_fp8;
+  a.v_per_tile = v_per_tile;
   a.out_bf16 = out.scalar_type() == at::kBFloat16;
   a.expcast_bias = static_cast<float>(expcast_bias);
   a.log2_p_scale = static_cast<float>(log2_p_scale);
@@ -90,7 +99,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "attention of prepared operands (see forward.cuh)",
         py::arg("q"), py::arg("q_scale"), py::arg("k"), py::arg("k_scale"), py::arg("v_t"),
         py::arg("v_scale"), py::arg("v_mean"), py::arg("out"), py::arg("n"), py::arg("q_rows"),
-        py::arg("expcast"), py::arg("expcast_bias"), py::arg("log2_p_scale"));
+        py::arg("expcast"), py::arg("expcast_bias"), py::arg("log2_p_scale"),
+        py::arg("v_per_tile"));
   m.def("describe", &describe, "registers and shared memory of each compiled instance");
   m.attr("SOURCE_HASH") = VC_STR(VC_SOURCE_HASH_ID);  // "h" + compiled.source_hash()
 }

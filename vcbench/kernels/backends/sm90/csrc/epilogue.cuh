@@ -1,5 +1,6 @@
-// The epilogue: O = acc * v_scale / l for this thread's two rows, written as bf16 or fp16 pairs
-// through the output's strides (rows past n, the padding, are not written).
+// The epilogue: O = acc * v_scale / l for this thread's two rows (per-channel V scale; with one
+// per tile the merge has applied it), written as bf16 or fp16 pairs through the output's
+// strides (rows past n, the padding, are not written).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -30,7 +31,8 @@ __device__ __forceinline__ void store_output(const float (&acc)[64], float (&l)[
 #pragma unroll
     for (int c = 0; c < 16; ++c) {
       const int col = 8 * c + 2 * q;
-      const float2 sc = *reinterpret_cast<const float2*>(vs + col);
+      const float2 sc =
+          T::V_PER_TILE ? make_float2(1.f, 1.f) : *reinterpret_cast<const float2*>(vs + col);
       const float o0 = acc[4 * c + 2 * h] * sc.x * inv_l;
       const float o1 = acc[4 * c + 2 * h + 1] * sc.y * inv_l;
       if (prm.out_bf16) {

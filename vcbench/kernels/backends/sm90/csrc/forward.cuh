@@ -9,12 +9,13 @@ namespace vc {
 
 // Operands exactly as vcbench.kernels.gpu.prepare_gpu writes them (GpuOperands), all
 // contiguous, N padded to a multiple of 128 (n_pad), head dim 128:
-//   q        int8  (B, H, n_pad, 128)         Q codes, softmax scale * log2(e) folded in
+//   q        int8 or e4m3 (B, H, n_pad, 128)  Q codes, softmax scale * log2(e) folded in
 //   q_scale  fp32  (B, H, n_pad / q_rows)     one scale per q_rows query rows (16 or 128)
-//   k        int8  (B, H, n_pad, 128)         K codes (token-mean smoothed, permuted)
+//   k        as q  (B, H, n_pad, 128)         K codes (token-mean smoothed, permuted)
 //   k_scale  fp32  (B, H, n_pad / 128)        one scale per 128-key tile
 //   v_t      e4m3  (B, H, 128, n_pad)         V codes, transposed
-//   v_scale  fp32  (B, H, 128)                one scale per channel (epilogue)
+//   v_scale  fp32  (B, H, 128)                one scale per channel (epilogue), or
+//                  (B, H, n_pad / 128)        one per KV tile (v_per_tile: the merge)
 //   v_mean   fp16  (B, H, n_pad / 128, 128)   V-Smooth block means / channel scale, or null
 //   out      bf16 or fp16 (B, H, n, 128)      any strides (elements), unit last stride
 struct ForwardArgs {
@@ -29,6 +30,8 @@ struct ForwardArgs {
   int64_t out_sb, out_sh, out_sn;
   int batch, heads, n, n_pad, q_rows;
   bool expcast;         // P by ExpCast-FP8 (vc-8bit) or by exp2 then cast (vc-8bit-vsmooth)
+  bool qk_fp8;          // Q, K codes in E4M3 (else INT8)
+  bool v_per_tile;      // v_scale per KV tile (else per channel)
   bool out_bf16;        // else fp16
   float expcast_bias;   // 120 + beta
   float log2_p_scale;   // exp2 path: log2 of the static P scale (256 for vc, 448 for sage2)

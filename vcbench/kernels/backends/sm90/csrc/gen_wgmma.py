@@ -60,6 +60,42 @@ __device__ __forceinline__ void wgmma_s8_ss_n{n}_first(uint32_t (&d)[{nacc}], ui
 """
 
 
+def e4m3_ss(n):
+    """The FP8 score product: S in FP32 straight from the tensor core (no I2FP per score)."""
+    nacc = n // 2
+    outs = accumulators(nacc, "+f")
+    return f"""
+// D(f32, 64x{n}) (+)= A(e4m3, 64x32, shared memory) * B(e4m3, 32x{n}, shared memory), both
+// K-major. scale_d = 0 overwrites D (first k-step), 1 accumulates.
+__device__ __forceinline__ void wgmma_e4m3_ss_n{n}(float (&d)[{nacc}], uint64_t desc_a,
+                                                 uint64_t desc_b, int scale_d) {{
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nacc + 2}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{regs(nacc)}}}, %{nacc}, %{nacc + 1}, p, 1, 1;\\n}}\\n"
+      : {outs}
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}}
+"""
+
+
+def e4m3_ss_first(n):
+    """scale-d = false, write-only, as s8_ss_first."""
+    nacc = n // 2
+    outs = accumulators(nacc, "=f")
+    return f"""
+// D(f32, 64x{n}) = A(e4m3, 64x32, shared memory) * B(e4m3, 32x{n}, shared memory): the first
+// k-step.
+__device__ __forceinline__ void wgmma_e4m3_ss_n{n}_first(float (&d)[{nacc}], uint64_t desc_a,
+                                                       uint64_t desc_b) {{
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 0, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{regs(nacc)}}}, %{nacc}, %{nacc + 1}, p, 1, 1;\\n}}\\n"
+      : {outs}
+      : "l"(desc_a), "l"(desc_b));
+}}
+"""
+
+
 def e4m3_rs(n):
     nacc = n // 2
     outs = accumulators(nacc, "+f")
@@ -146,7 +182,8 @@ __device__ __forceinline__ void wgmma_f16_ss_n{n}(float (&d)[NACC], uint64_t des
 def text() -> str:
     """wgmma.cuh as it must read."""
     pv = [e4m3_rs(n) + e4m3_rs_first(n) for n in (128, 136)]  # exp2; ExpCast's ones column
-    return (HEADER + s8_ss_first(128) + s8_ss(128) + "".join(pv) + f16_rs(128) + f16_ss(128)
+    qk = s8_ss_first(128) + s8_ss(128) + e4m3_ss_first(128) + e4m3_ss(128)  # INT8 or FP8 scores
+    return (HEADER + qk + "".join(pv) + f16_rs(128) + f16_ss(128)
             + "\n}  // namespace vc\n")
 
 

@@ -1,6 +1,6 @@
 // Host side of the compiled kernel: the TMA tensor maps of Q, K (rows permuted) and V^T, the
-// kernel's parameters, and the instance table (ExpCast or exp2 times V-Smooth or not) that
-// forward() launches from.
+// kernel's parameters, and the instance table (the plans' combinations of P encoding, V-Smooth,
+// score format and V scale) that forward() launches from.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -73,28 +73,33 @@ void describe_into(char* text, size_t len) {
   char line[256];
   cudaFuncAttributes at;
   if (cudaFuncGetAttributes(&at, vc_attention_kernel<T>) != cudaSuccess)
-    snprintf(line, sizeof(line), "expcast=%d vsmooth=%d: cudaFuncGetAttributes failed\n",
-             T::EXPCAST, T::VSMOOTH);
+    snprintf(line, sizeof(line), "expcast=%d vsmooth=%d qk_fp8=%d v_per_tile=%d: "
+             "cudaFuncGetAttributes failed\n", T::EXPCAST, T::VSMOOTH, T::QK_FP8, T::V_PER_TILE);
   else
-    snprintf(line, sizeof(line), "expcast=%d vsmooth=%d stages=%d: %d registers/thread at "
-             "entry, %zu B local, %d B dynamic shared memory\n",
-             T::EXPCAST, T::VSMOOTH, T::STAGES, at.numRegs, at.localSizeBytes, T::ALLOC);
+    snprintf(line, sizeof(line), "expcast=%d vsmooth=%d qk_fp8=%d v_per_tile=%d stages=%d: %d "
+             "registers/thread at entry, %zu B local, %d B dynamic shared memory\n",
+             T::EXPCAST, T::VSMOOTH, T::QK_FP8, T::V_PER_TILE, T::STAGES, at.numRegs,
+             at.localSizeBytes, T::ALLOC);
   strncat(text, line, len - strlen(text) - 1);
 }
 
-// The compiled instances, one per (P encoding, V-Smooth).
+// The compiled instances: INT8 scores with each (P encoding, V-Smooth) (vc-8bit with and
+// without V-Smooth, vc-8bit-vsmooth, sage2-8bit), and FP8 scores for vc-8bit-fp8qk (ExpCast,
+// V-Smooth) and fp8-fa4 (exp2, a V scale per tile). compiled.INSTANCES lists the same.
 struct Instance {
-  bool expcast, vsmooth;
+  bool expcast, vsmooth, qk_fp8, v_per_tile;
   const char* (*launch)(const CUtensorMap (&)[4], const Params&, dim3, cudaStream_t);
   void (*describe)(char*, size_t);
 };
-template <bool EXPCAST, bool VSMOOTH>
+template <bool EXPCAST, bool VSMOOTH, bool QK_FP8 = false, bool V_PER_TILE = false>
 constexpr Instance instance() {
-  using T = Traits<EXPCAST, VSMOOTH>;
-  return {EXPCAST, VSMOOTH, launch<T>, describe_into<T>};
+  using T = Traits<EXPCAST, VSMOOTH, QK_FP8, V_PER_TILE>;
+  return {EXPCAST, VSMOOTH, QK_FP8, V_PER_TILE, launch<T>, describe_into<T>};
 }
 constexpr Instance INSTANCES[] = {instance<true, true>(), instance<false, true>(),
-                                  instance<true, false>(), instance<false, false>()};
+                                  instance<true, false>(), instance<false, false>(),
+                                  instance<true, true, true>(),
+                                  instance<false, false, true, true>()};
 // The CTA shape is the same in every instance (forward's grid and Q's box).
 constexpr int BM = Traits<true, true>::BM;
 static_assert(BM == Traits<false, false>::BM, "one CTA shape");
@@ -153,13 +158,15 @@ const char* forward(const ForwardArgs& a) {
   const bool vsmooth = a.v_mean != nullptr;
   const dim3 grid((a.n_pad + BM - 1) / BM, static_cast<unsigned>(bh));
   for (const Instance& k : INSTANCES)
-    if (k.expcast == a.expcast && k.vsmooth == vsmooth)
+    if (k.expcast == a.expcast && k.vsmooth == vsmooth && k.qk_fp8 == a.qk_fp8 &&
+        k.v_per_tile == a.v_per_tile)
       return k.launch(maps, prm, grid, static_cast<cudaStream_t>(a.stream));
-  return fail("no instance%s");
+  return fail("no instance for this combination of P encoding, V-Smooth, score format and V "
+              "scale%s");
 }
 
 const char* describe() {
-  static char text[2048];
+  static char text[4096];
   text[0] = 0;
   for (const Instance& k : INSTANCES) k.describe(text, sizeof(text));
   return text;

@@ -40,6 +40,8 @@
 #include <stdint.h>
 #include <math.h>
 
+#include <type_traits>
+
 #include "epilogue.cuh"
 #include "forward.cuh"
 #include "mma.cuh"
@@ -88,6 +90,7 @@ __device__ __forceinline__ void produce(const CUtensorMap& tm_q, const CUtensorM
   prefetch_tensormap(&tm_v);
   mbar_expect_tx(bars.q(), T::Q_BYTES);
   tma_load_2d(s_q, &tm_q, bars.q(), 0, bh * prm.n_pad + m_block * T::BM);
+  [[maybe_unused]] float v_prev = 1.f;  // V_PER_TILE: the previous tile's V scale
   for (int j = 0; j < n_tiles; ++j) {
     const int st = j % STAGES;
     mbar_wait(bars.empty(st), ((j / STAGES) & 1) ^ 1);
@@ -100,6 +103,15 @@ __device__ __forceinline__ void produce(const CUtensorMap& tm_q, const CUtensorM
     // the tile's K scale beside it (released by the arrive below)
     reinterpret_cast<float*>(smem + T::KS_OFF)[st] =
         prm.k_scale[static_cast<size_t>(bh) * n_tiles + j];
+    if constexpr (T::V_PER_TILE) {
+      // merge_tile_scaled's (v_(j-1) / v_j, 1 / v_j). An all-zero V tile has scale 0 and codes
+      // 0: any positive scale gives it the same (zero) product, 1 keeps the ratios finite.
+      float v = prm.v_scale[static_cast<size_t>(bh) * n_tiles + j];
+      v = v > 0.f ? v : 1.f;
+      const float inv = 1.f / v;
+      reinterpret_cast<float2*>(smem + T::VS_OFF)[st] = make_float2(v_prev * inv, inv);
+      v_prev = v;
+    }
     mbar_expect_tx(bars.full(st), bytes);
     const uint32_t s_k = s_stage + st * T::STAGE_BYTES;
     const int g0 = (bh * prm.n_pad + j * BN) / 16;
@@ -149,7 +161,8 @@ __device__ __forceinline__ void consume(const Params& prm, uint8_t* smem, uint32
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
   reg_fence(acc);  // zeros in registers now: left as constants, ptxas places them late and
                    // then serializes the wgmmas that write them (C7511)
-  uint32_t s[64];
+  // the scores: raw s32 (INT8 QK) or FP32 (FP8 QK); P's code bytes go back into them
+  std::conditional_t<T::QK_FP8, float, uint32_t> s[64];
   uint32_t p[16];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2], rsum[2] = {0.f, 0.f};
 
@@ -194,7 +207,9 @@ __device__ __forceinline__ void consume(const Params& prm, uint8_t* smem, uint32
     const uint32_t l_slot = base + T::PARK_OFF + (threadIdx.x - 128) * 8;
     if constexpr (COLD) park(l_slot, l);
     const int st = stage;
-    mbar_wait(bars.full(st), phase);
+    // FP8 scores: the parity from j (uniform registers), because with the counted phase
+    // ptxas kept it in a vector register in the ExpCast + V-Smooth instance and spilled it
+    mbar_wait(bars.full(st), T::QK_FP8 ? (j / STAGES) & 1 : phase);
     const uint64_t dk_j = dk;
     const uint64_t dv_j = dk + (T::K_BYTES >> 4);
     stage = stage == STAGES - 1 ? 0 : stage + 1;
@@ -228,11 +243,16 @@ __device__ __forceinline__ void consume(const Params& prm, uint8_t* smem, uint32
     wgmma_wait<0>();
     reg_fence(pv);
     reg_fence(p);
+    [[maybe_unused]] float2 vtile;  // read before the stage is released
+    if constexpr (T::V_PER_TILE) vtile = reinterpret_cast<const float2*>(smem + T::VS_OFF)[st];
     mbar_arrive(bars.empty(st));
     float r[2];
     tile_rowsum<EXPCAST>(pv, rsum, r);
     if constexpr (COLD) unpark(l_slot, l);
-    merge_tile(acc, pv, l, alpha, r);
+    if constexpr (T::V_PER_TILE)
+      merge_tile_scaled(acc, pv, l, alpha, r, vtile.x, vtile.y);
+    else
+      merge_tile(acc, pv, l, alpha, r);
     if constexpr (VSMOOTH) store_rm(rm_lanes, rm_slot, r, m);
   };
   // tiles 0 .. last - 1 in batches; a batch's first tile (from the second batch on) carries

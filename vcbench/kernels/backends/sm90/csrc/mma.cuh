@@ -1,5 +1,5 @@
 // The tensor-core side: wgmma's shared-memory descriptors, its fence / commit / wait, and the
-// two products of a tile, S = Q K^T (INT8) and P V (FP8, P from registers).
+// two products of a tile, S = Q K^T (INT8 or FP8) and P V (FP8, P from registers).
 #pragma once
 #include <stdint.h>
 
@@ -52,6 +52,16 @@ __device__ __forceinline__ void issue_qk(uint32_t (&s)[64], uint64_t desc_q, uin
   wgmma_s8_ss_n128_first(s, desc_q, desc_k);  // overwrites: the old S is dead by now
 #pragma unroll
   for (int kk = 1; kk < 4; ++kk) wgmma_s8_ss_n128(s, desc_q + 2 * kk, desc_k + 2 * kk, 1);
+}
+
+// The same from E4M3 codes: FP32 scores, in the s32 accumulator's layout (the K row
+// permutation holds). Hopper's FP8 wgmma adds its products into the accumulator with a
+// truncated mantissa, so the scores differ from exact FP32 in their last bits (measured
+// against the emulation: docs/perf.md).
+__device__ __forceinline__ void issue_qk(float (&s)[64], uint64_t desc_q, uint64_t desc_k) {
+  wgmma_e4m3_ss_n128_first(s, desc_q, desc_k);
+#pragma unroll
+  for (int kk = 1; kk < 4; ++kk) wgmma_e4m3_ss_n128(s, desc_q + 2 * kk, desc_k + 2 * kk, 1);
 }
 
 // acc = P V_j, a fresh block (the first k-step overwriting): 4 k-steps of 32 keys, P from

@@ -7,8 +7,18 @@
 #include <math.h>
 
 #include <climits>
+#include <type_traits>
 
 namespace vc {
+
+// A score register: INT8 QK leaves the raw s32 dot product (converted here, I2FP), FP8 QK an
+// FP32 one. The softmax writes P's code bytes back into the same registers (bits / put).
+__device__ __forceinline__ float score(uint32_t v) { return static_cast<float>(static_cast<int>(v)); }
+__device__ __forceinline__ float score(float v) { return v; }
+__device__ __forceinline__ uint32_t bits(uint32_t v) { return v; }
+__device__ __forceinline__ uint32_t bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ void put(uint32_t& d, uint32_t v) { d = v; }
+__device__ __forceinline__ void put(float& d, uint32_t v) { d = __uint_as_float(v); }
 
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -60,30 +70,45 @@ __device__ __forceinline__ int key_of(int c, int q, int b) {
 // 1.5 * 2^15 is the magic add of the exact t: FFMA.SAT + FADD instead of FFMA + FMNMX + FADD.
 // The ALU pipe (I2FP, the max, PRMT, half rate) is the softmax's busiest, so the byte pairs are
 // built by IMAD on the FMA pipe.
-template <bool EXPCAST, bool MASK>
-__device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], float (&alpha)[2],
+// S: uint32_t (INT8 QK, raw s32 scores) or float (FP8 QK).
+template <bool EXPCAST, bool MASK, class S>
+__device__ __forceinline__ void softmax_tile(S (&s)[64], float (&m)[2], float (&alpha)[2],
                                              float (&rsum)[2], float c_scale, float expcast_bias,
                                              float log2_p_scale, int n_valid, int q) {
-  int mx[2] = {INT_MIN, INT_MIN};
+  constexpr bool INT = std::is_same_v<S, uint32_t>;
+  int mx[2] = {INT_MIN, INT_MIN};         // INT8: an integer max, one convert per row
+  float mxf[2] = {-INFINITY, -INFINITY};  // FP8
 #pragma unroll
   for (int c = 0; c < 16; ++c)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
-        int v = static_cast<int>(s[4 * c + 2 * h + b]);
-        if (MASK && key_of(c, q, b) >= n_valid) v = INT_MIN;
-        mx[h] = max(mx[h], v);
+        if constexpr (INT) {
+          int v = static_cast<int>(s[4 * c + 2 * h + b]);
+          if (MASK && key_of(c, q, b) >= n_valid) v = INT_MIN;
+          mx[h] = max(mx[h], v);
+        } else {
+          float v = s[4 * c + 2 * h + b];
+          if (MASK && key_of(c, q, b) >= n_valid) v = -INFINITY;
+          mxf[h] = fmaxf(mxf[h], v);
+        }
       }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    mx[h] = max(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    mx[h] = max(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    if constexpr (INT) {
+      mx[h] = max(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = max(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    } else {
+      mxf[h] = fmaxf(mxf[h], __shfl_xor_sync(0xffffffffu, mxf[h], 1));
+      mxf[h] = fmaxf(mxf[h], __shfl_xor_sync(0xffffffffu, mxf[h], 2));
+    }
   }
   float m_new[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    m_new[h] = fmaxf(m[h], static_cast<float>(mx[h]) * c_scale);  // c_scale >= 0
+    const float row_max = INT ? static_cast<float>(mx[h]) : mxf[h];  // of the raw scores
+    m_new[h] = fmaxf(m[h], row_max * c_scale);  // c_scale >= 0
     // per row: MUFU allowed. ExpCast: no compare and select for an unchanged max, ex2(0) is
     // exactly 1 and the first tile's ex2(-inf) is 0 (m_new is finite: the scores are). The
     // exp2 path keeps the select: there the MUFU pipe carries P (slower without it).
@@ -107,7 +132,7 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
         uint32_t u[2];
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
-          const float x = static_cast<float>(static_cast<int>(s[4 * c + 2 * h + b]));
+          const float x = score(s[4 * c + 2 * h + b]);
           float t = fma_sat(x, c8_256, bias_256[h]);
           if (MASK && key_of(c, q, b) >= n_valid) t = 0.f;
           // low byte: rne(256 t), as an add with an immediate, t + 1.5 * 2^15, whose ulp is
@@ -117,7 +142,7 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
         // byte 0: column b = 0, byte 1: b = 1, by an IMAD, which runs on the FMA pipe (PRMT,
         // like I2FP and the max, on the ALU pipe, the softmax's busiest): u1 * 0x10100 puts
         // code 1 in byte 1 and nothing in byte 0, and u0's byte 1 is 0 (the magic's)
-        s[4 * c + 2 * h] = u[1] * 0x10100u + u[0];
+        put(s[4 * c + 2 * h], u[1] * 0x10100u + u[0]);
       }
   } else {
     // exp2(S - m + log2 P_SCALE), one FFMA into the exponent; P = E4M3(p), r = sum of p, as
@@ -136,14 +161,13 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
           const int cb = c + 8 * e;
 #pragma unroll
           for (int b = 0; b < 2; ++b) {
-            float x = fmaf(static_cast<float>(static_cast<int>(s[4 * cb + 2 * h + b])), c_scale,
-                           bias[h]);
+            float x = fmaf(score(s[4 * cb + 2 * h + b]), c_scale, bias[h]);
             if (MASK && key_of(cb, q, b) >= n_valid) x = -INFINITY;
             pf[e][b] = ex2(x);
             part[h][e] += pf[e][b];
           }
         }
-        s[4 * c + 2 * h] = e4m3x4(pf[0][0], pf[0][1], pf[1][0], pf[1][1]);
+        put(s[4 * c + 2 * h], e4m3x4(pf[0][0], pf[0][1], pf[1][0], pf[1][1]));
       }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -158,14 +182,14 @@ __device__ __forceinline__ void softmax_tile(uint32_t (&s)[64], float (&m)[2], f
 // 32kk + 16half + 4q + {0..3} of row r + 8h: bytes {0,1} from S block c = 2kk + half, bytes
 // {2,3} from block c + 8 (the K row permutation puts them there). The exp2 softmax left each
 // register whole in s[4c + 2h]: a copy, which ptxas folds into the cvt's destination.
-template <bool EXPCAST>
-__device__ __forceinline__ void pack_p(uint32_t (&p)[16], const uint32_t (&s)[64]) {
+template <bool EXPCAST, class S>
+__device__ __forceinline__ void pack_p(uint32_t (&p)[16], const S (&s)[64]) {
 #pragma unroll
   for (int c = 0; c < 8; ++c)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      p[2 * c + h] =
-          EXPCAST ? prmt(s[4 * c + 2 * h], s[4 * (c + 8) + 2 * h], 0x5410) : s[4 * c + 2 * h];
+      p[2 * c + h] = EXPCAST ? prmt(bits(s[4 * c + 2 * h]), bits(s[4 * (c + 8) + 2 * h]), 0x5410)
+                             : bits(s[4 * c + 2 * h]);
 }
 
 // Tile j's row sums r_j (ExpCast: column 128 of the PV accumulator, its last 4 registers, read
@@ -194,6 +218,19 @@ __device__ __forceinline__ void merge_tile(float (&acc)[64], const float (&pv)[N
   for (int i = 0; i < 64; ++i) acc[i] = fmaf(acc[i], alpha[(i >> 1) & 1], pv[i]);
   l[0] = l[0] * alpha[0] + r[0];
   l[1] = l[1] * alpha[1] + r[1];
+}
+
+// The same with one V scale per tile (fp8-fa4), without a multiply per element: acc and l are
+// kept divided by the current tile's scale v_j, so tile j rescales both by
+// alpha * v_(j-1) / v_j (ratio) and adds PV_j as it comes and r_j / v_j (inv); O = acc / l
+// needs no V scale. The producer computes ratio and inv per tile (vtile_scales).
+template <int NACC>
+__device__ __forceinline__ void merge_tile_scaled(float (&acc)[64], const float (&pv)[NACC],
+                                                  float (&l)[2], const float (&alpha)[2],
+                                                  const float (&r)[2], float ratio, float inv) {
+  const float a[2] = {alpha[0] * ratio, alpha[1] * ratio};
+  const float rv[2] = {r[0] * inv, r[1] * inv};
+  merge_tile(acc, pv, l, a, rv);
 }
 
 }  // namespace vc

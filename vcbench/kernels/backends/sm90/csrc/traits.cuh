@@ -1,6 +1,6 @@
 // What one instance of the kernel is: its tile shape, its warpgroups and their registers, its
 // pipeline depth and its shared-memory layout, as named constants of one traits struct per
-// (P encoding, V-Smooth) pair, and the kernel's runtime parameters.
+// (P encoding, V-Smooth, score format, V scale) choice, and the kernel's runtime parameters.
 #pragma once
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -36,10 +36,13 @@ struct Params {
 //   PV in two column halves: not faster, and ptxas spilled.
 //   QK in two halves of 64 keys, the first's max and I2FP beside the second: slower.
 //   The three warpgroups' QK issues taken in turn (a ring of named barriers): slower for ExpCast.
-template <bool EXPCAST_, bool VSMOOTH_>
+template <bool EXPCAST_, bool VSMOOTH_, bool QK_FP8_ = false, bool V_PER_TILE_ = false>
 struct Traits {
   static constexpr bool EXPCAST = EXPCAST_;  // P by ExpCast-FP8, else by exp2 then E4M3
   static constexpr bool VSMOOTH = VSMOOTH_;  // V-Smooth's mean term restored in the kernel
+  static constexpr bool QK_FP8 = QK_FP8_;    // Q, K in E4M3 (FP32 scores), else INT8
+  static constexpr bool V_PER_TILE = V_PER_TILE_;  // one V scale per KV tile, else per channel
+  static_assert(!(V_PER_TILE && VSMOOTH), "V-Smooth's V is scaled per channel");
 
   static constexpr int CONSUMERS = 3;  // consumer warpgroups
   static constexpr int ROWS_PER_CONSUMER = 64;
@@ -75,8 +78,11 @@ struct Traits {
   static constexpr int BAR_BYTES = (2 * STAGES + 1) * 8;
   static constexpr int KS_OFF = BAR_OFF + BAR_BYTES;  // each stage's K scale
   static constexpr int KS_BYTES = STAGES * 4;
+  // V_PER_TILE: each stage's (ratio, inv) of merge_tile_scaled
+  static constexpr int VS_OFF = (KS_OFF + KS_BYTES + 7) / 8 * 8;
+  static constexpr int VS_BYTES = V_PER_TILE ? STAGES * 8 : 0;
   // each consumer thread's row sums, parked across the cold tiles
-  static constexpr int PARK_OFF = (KS_OFF + KS_BYTES + 15) / 16 * 16;
+  static constexpr int PARK_OFF = (VS_OFF + VS_BYTES + 15) / 16 * 16;
   static constexpr int PARK_BYTES = 128 * CONSUMERS * 8;
   static constexpr int ALLOC = PARK_OFF + PARK_BYTES + 1024;  // + base alignment
   static_assert(STAGE_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0, "128B-swizzle atoms");
