@@ -285,10 +285,11 @@ def test_figure6_draws_the_projected_panel_beside_the_attention_speedup(tmp_path
     assert not math.isnan(projected.loc["bf16", "clip_s"])
 
 
-def test_cli_on_a_cpu_machine_says_it_needs_cuda(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--compile"]])
+def test_cli_on_a_cpu_machine_says_it_needs_cuda(tmp_path, extra):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    r = subprocess.run([sys.executable, "-m", "vcbench", "project-clip", "--out",
+    r = subprocess.run([sys.executable, "-m", "vcbench", "project-clip", *extra, "--out",
                         str(tmp_path / "p")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert r.stderr.strip() == "error: project-clip needs a CUDA GPU, and this machine has none"
