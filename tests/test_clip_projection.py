@@ -62,6 +62,42 @@ def test_projection_golden_values():
     assert cp.projection_table(parts, speedups=False).clip_speedup_vs_bf16.isna().all()
 
 
+def test_compiled_speedups_are_over_the_compiled_bf16():
+    # Shared: text 0.1 s, VAE 30 s. Eager: bf16 880 s, vc-8bit 836 s (as above).
+    # Compiled: bf16 40 x 2 x 8.0 = 640 s (clip 670.1), vc-8bit 2 x (3 x 9 + 7 x 8 + 30 x 7)
+    # = 586 s (clip 616.1); compile seconds on the first kind only.
+    kinds = cp.step_kinds("vc-8bit", 40)
+    shared = [cp.part_row("text_encode", "-", "all", [0.05], calls=2),
+              cp.part_row("vae_decode", "-", "untiled", [30.0], calls=1)]
+    eager = [*cp.transformer_rows("bf16", "cudnn-sdpa", {"all": list(range(40))}, {"all": [11.0]}, 2),
+             *cp.transformer_rows("vc-8bit", "vcbench-triton", kinds,
+                                  {"regroup": [12.5], "reuse": [11.5], "plain": [10.0]}, 2)]
+    compiled = [*cp.transformer_rows("bf16", "cudnn-sdpa", {"all": list(range(40))}, {"all": [8.0]}, 2,
+                                     compile_s={"all": 95.0}),
+                *cp.transformer_rows("vc-8bit", "vcbench-triton", kinds,
+                                     {"regroup": [9.0], "reuse": [8.0], "plain": [7.0]}, 2,
+                                     compile_s={"regroup": 120.0, "reuse": 0.0, "plain": 0.0})]
+    parts = _parts([shared[0], *({"compiled": False, **r} for r in eager), *compiled, shared[1]])
+    full, plain = cp.projection_table(parts), cp.projection_table(_parts(shared + eager))
+    # the eager figures are the uncompiled projection's, untouched by the compiled rows
+    pd.testing.assert_frame_equal(full[plain.columns], plain)
+    table = full.set_index("method")
+    assert table.loc["vc-8bit", "compiled_denoise_s"] == pytest.approx(586.0)
+    assert table.loc["vc-8bit", "compiled_clip_s"] == pytest.approx(616.1)
+    assert table.loc["bf16", "compiled_clip_s"] == pytest.approx(670.1)
+    assert table.loc["vc-8bit", "compiled_clip_speedup_vs_bf16"] == pytest.approx(670.1 / 616.1)
+    assert table.loc["vc-8bit", "compiled_denoise_speedup_vs_bf16"] == pytest.approx(640.0 / 586.0)
+    assert table.loc["bf16", "compiled_clip_speedup_vs_bf16"] == 1.0
+    assert dict(table.compile_s) == {"bf16": 95.0, "vc-8bit": 120.0}  # in none of the seconds
+    assert table.loc["vc-8bit", "clip_speedup_vs_bf16"] == pytest.approx(910.1 / 866.1)
+    off = cp.projection_table(parts, speedups=False)
+    assert off.compiled_clip_speedup_vs_bf16.isna().all() and off.compiled_clip_s.notna().all()
+    # a method whose compiled timing failed keeps its eager row; no compiled bf16, no speedup
+    no_bf16 = cp.projection_table(parts[~((parts.method == "bf16") & parts.compiled.eq(True))])
+    assert no_bf16.compiled_clip_speedup_vs_bf16.isna().all()
+    assert no_bf16.set_index("method").compiled_clip_s.isna().tolist() == [True, False]
+
+
 def test_the_papers_clip_and_the_published_configs():
     spec = cp.WAN22_720P
     assert spec.latent_shape() == (1, 16, 21, 90, 160)  # 81 frames of 1280x720 through 4x/8x
@@ -100,6 +136,32 @@ def test_builders_at_tiny_scale_keep_diffusers_fp32_modules():
     assert [(r["kind"], r["calls_in_clip"]) for r in rows] == [("all", 16)]
 
 
+def test_compiled_timing_leaves_the_transformer_as_it_was():
+    spec, cpu = cp.tiny_spec(), torch.device("cpu")
+    model = cp.build_transformer(spec.transformer, cpu, torch.float32)
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(spec.latent_shape(), generator=g),
+                  timestep=torch.tensor([500.0]), return_dict=False,
+                  encoder_hidden_states=torch.randn(1, spec.text_tokens, 32, generator=g))
+    processors = [m.processor for m in model.modules() if hasattr(m, "processor")]
+    with torch.no_grad():
+        reference = model(**inputs)[0]
+        # One graph per function allowed: unless uncompiling resets Dynamo, the second method
+        # reaches the limit (which would run it eager, unsaid; here an error).
+        with torch._dynamo.config.patch(recompile_limit=1):
+            rows = [r for m in ("sage2-8bit", "bf16") for r in cp.time_transformer_method(
+                model, spec, m, 1, "emulate", cpu, torch.float32, compile=True)]
+        after = model(**inputs)[0]
+        recompiled = torch.compile(model)(**inputs)[0]  # no patched graph reused
+    torch._dynamo.reset()
+    assert [(r["method"], r["compiled"]) for r in rows] == [("sage2-8bit", True), ("bf16", True)]
+    assert all(r["compile_s"] > 0 for r in rows)
+    assert torch.equal(after, reference)
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+    assert [m.processor for m in model.modules() if hasattr(m, "processor")] == processors
+    torch.testing.assert_close(recompiled, reference, atol=1e-4, rtol=1e-4)
+
+
 def test_a_failing_method_leaves_the_others_written(tmp_path, monkeypatch):
     real = cp.time_transformer_method
 
@@ -135,6 +197,9 @@ def test_tiny_run_folder_into_the_report(tmp_path):
     assert set(parts.part) == {"text_encode", "transformer", "vae_decode"}
     clip = table.set_index("method").clip_s
     assert np.isfinite(clip).all() and (clip > 0).all()
+    # without compile nothing of it shows
+    assert "compile" not in manifest["config"]
+    assert not {"compiled", "compile_s"} & (set(parts.columns) | set(table.columns))
 
     report = build_report([tmp_path / "proj"], tmp_path / "out")
     md = (tmp_path / "out" / "report.md").read_text()
@@ -143,6 +208,41 @@ def test_tiny_run_folder_into_the_report(tmp_path):
     assert (tmp_path / "out" / "clip_time_projected.csv").is_file()
     assert not (tmp_path / "out" / "speedup.png").exists()  # emulated: no speedup drawn
     assert "projected" in report.main_title
+
+
+def test_tiny_compiled_run_times_compiled_beside_eager(tmp_path):
+    req = cp.Request(methods=["vc-8bit"], device="cpu", backend="emulate", text_repeats=1,
+                     compile=True)
+    lines: list[str] = []
+    table, label = cp.project_clip(req, tmp_path / "proj", cp.tiny_spec(), say=lines.append)
+    manifest = json.loads((tmp_path / "proj" / "manifest.json").read_text())
+    assert manifest["status"] == "ok" and manifest["config"]["compile"] is True
+    assert {i["item"]: i["status"] for i in manifest["items"]} == {
+        "bf16": "ok", "bf16 compiled": "ok", "vc-8bit": "ok", "vc-8bit compiled": "ok"}
+    parts = pd.read_csv(tmp_path / "proj" / "parts.csv")
+    transformer = parts[parts.part == "transformer"]
+    assert transformer.compiled.tolist() == [False, True] + [False] * 3 + [True] * 3
+    is_compiled = transformer.compiled.eq(True)  # object dtype: the shared parts' cells are blank
+    for _, rows in transformer[is_compiled].groupby("method"):
+        first, *rest = rows.itertuples()
+        # the first kind's warm-up compiled the one graph; the other kinds reused it
+        assert first.compile_s > 0 and all(r.compile_s == 0 for r in rest)
+        # compilation is out of the timed calls: none of them took a compile's time
+        assert rows.sample_max_s.max() < first.compile_s
+    t = table.set_index("method")
+    compiled = transformer[is_compiled].groupby("method")
+    assert dict(t.compile_s) == pytest.approx(dict(compiled.compile_s.sum()))
+    assert dict(t.compiled_denoise_s) == pytest.approx(dict(compiled.total_s.sum()))
+    eager = transformer[~is_compiled].groupby("method")
+    assert dict(t.denoise_s) == pytest.approx(dict(eager.total_s.sum()))
+    assert (t.compiled_clip_s - t.compiled_denoise_s).tolist() == pytest.approx(
+        (t.clip_s - t.denoise_s).tolist())  # text and VAE: the same shared parts
+    assert table.compiled_clip_speedup_vs_bf16.isna().all()  # emulated: no speedup
+    assert any("vc-8bit regroup compiled (" in line for line in lines)
+
+    build_report([tmp_path / "proj"], tmp_path / "out")
+    projected = pd.read_csv(tmp_path / "out" / "clip_time_projected.csv").set_index("method")
+    assert projected.compiled_clip_s.tolist() == pytest.approx(t.compiled_clip_s.tolist())
 
 
 def _gpu_like_runs(root):
@@ -185,10 +285,11 @@ def test_figure6_draws_the_projected_panel_beside_the_attention_speedup(tmp_path
     assert not math.isnan(projected.loc["bf16", "clip_s"])
 
 
-def test_cli_on_a_cpu_machine_says_it_needs_cuda(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--compile"]])
+def test_cli_on_a_cpu_machine_says_it_needs_cuda(tmp_path, extra):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    r = subprocess.run([sys.executable, "-m", "vcbench", "project-clip", "--out",
+    r = subprocess.run([sys.executable, "-m", "vcbench", "project-clip", *extra, "--out",
                         str(tmp_path / "p")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert r.stderr.strip() == "error: project-clip needs a CUDA GPU, and this machine has none"

@@ -177,6 +177,10 @@ def project_clip_command(
         vae_tiling: bool = typer.Option(False, "--vae-tiling/--no-vae-tiling",
                                         help="Decode tiled (default: untiled, as generate does; "
                                         "tiled anyway if untiled runs out of memory)."),
+        compile: bool = typer.Option(False, "--compile/--no-compile",
+                                     help="Also time each transformer under torch.compile (after "
+                                          "patching), beside eager; compile time is reported as "
+                                          "compile_s, kept out of the compiled figures."),
         json: Path = _JSON, out: Path = _OUT) -> None:
     """Wan2.2-A14B clip time per method, projected from its parts timed with random weights."""
     from vcbench.display import print_table
@@ -187,7 +191,7 @@ def project_clip_command(
         print(line, file=sys.stderr, flush=True)
 
     req = Request(methods=_split_list(methods) or [], repeats=repeats, text_repeats=text_repeats,
-                  vae_repeats=vae_repeats, vae_tiling=vae_tiling)
+                  vae_repeats=vae_repeats, vae_tiling=vae_tiling, compile=compile)
     check_request(req)  # before a run folder is made
     table, label = project_clip(req, out or default_run_dir(COMMAND), say=say)
     if json is not None:

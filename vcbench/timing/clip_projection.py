@@ -25,6 +25,12 @@ schedule (`GroupingSchedule`: regroup on steps 0, 4, 8, reuse the permutation on
 the host kernel alone on 10-39 of a 40-step run); each kind of step is timed on its own and
 weighted by how many steps of that kind the run has.
 
+With `compile`, each method's transformer is also timed under torch.compile (after the
+patch, as `generate --compile` runs it): one full call per kind of step absorbs compilation
+(its Dynamo seconds are `compile_s`, reported beside), then the same timed calls, each checked
+to have compiled nothing. The projection gives the compiled clip beside the eager one, its
+speedup over the compiled bf16 clip.
+
 Not counted (the same for every method): tokenizing, the scheduler's update, the CFG
 combination and converting the decoded video to uint8. The result is a projection and every
 table, figure and manifest says so; with the weights, `vcbench generate` measures the clip.
@@ -33,6 +39,7 @@ table, figure and manifest says so; with the weights, `vcbench generate` measure
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 import statistics
 import time
@@ -140,15 +147,36 @@ def part_row(part: str, method: str, kind: str, samples: list[float], calls: int
 
 
 def transformer_rows(method: str, implementation: str, kinds: dict[str, list[int]],
-                     samples: dict[str, list[float]], cfg_passes: int) -> list[dict[str, Any]]:
-    return [part_row("transformer", method, kind, samples[kind], len(steps) * cfg_passes,
+                     samples: dict[str, list[float]], cfg_passes: int,
+                     compile_s: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """The rows of one method's timed calls; `compile_s` (seconds per kind, spent in that
+    kind's warm-up call and so in none of its samples) marks them as a compiled transformer's."""
+    rows = [part_row("transformer", method, kind, samples[kind], len(steps) * cfg_passes,
                      implementation, steps=len(steps)) for kind, steps in kinds.items()]
+    for r in rows if compile_s is not None else ():
+        r.update(compiled=True, compile_s=compile_s[r["kind"]])
+    return rows
 
 
 def projection_table(parts: pd.DataFrame, speedups: bool = True) -> pd.DataFrame:
     """One row per method: text encode + denoising (its transformer rows) + VAE decode, and the
     speedups over bf16 of the clip and of the denoising alone (NaN without `speedups`: times
-    of emulated attention say nothing about a kernel's speed)."""
+    of emulated attention say nothing about a kernel's speed). Parts with compiled transformer
+    rows add the same figures compiled, `compiled_*`, their speedups over the compiled bf16,
+    and `compile_s`, the method's compile seconds (in none of the figures)."""
+    if "compiled" not in parts:
+        return _projection(parts, speedups)
+    compiled = parts.compiled.eq(True)  # text and VAE rows (NaN) are shared by both
+    table = _projection(parts[~compiled], speedups)
+    mine = _projection(parts[compiled | (parts.part != "transformer")], speedups).set_index("method")
+    table["compile_s"] = (table.method.map(parts[compiled].groupby("method").compile_s.sum())
+                          if compiled.any() else math.nan)
+    for column in ("denoise_s", "clip_s", "clip_speedup_vs_bf16", "denoise_speedup_vs_bf16"):
+        table[f"compiled_{column}"] = table.method.map(mine[column])
+    return table
+
+
+def _projection(parts: pd.DataFrame, speedups: bool) -> pd.DataFrame:
     shared = parts[parts.part != "transformer"].groupby("part").total_s.sum()
     text, vae = float(shared.get("text_encode", math.nan)), float(shared.get("vae_decode", math.nan))
     rows = []
@@ -158,7 +186,9 @@ def projection_table(parts: pd.DataFrame, speedups: bool = True) -> pd.DataFrame
                      "text_encode_s": text, "denoise_s": denoise, "vae_decode_s": vae,
                      "clip_s": text + denoise + vae,
                      "transformer_calls": int(mine.calls_in_clip.sum())})
-    table = pd.DataFrame(rows)
+    # the columns named even without rows: every compiled call may have failed
+    table = pd.DataFrame(rows, columns=["method", "implementation", "text_encode_s", "denoise_s",
+                                        "vae_decode_s", "clip_s", "transformer_calls"])
     if table.empty or "bf16" not in set(table.method) or not speedups:
         table["clip_speedup_vs_bf16"] = math.nan
         table["denoise_speedup_vs_bf16"] = math.nan
@@ -238,8 +268,13 @@ class _Holder:
     `step_index` says which of `num_steps` steps the next call belongs to."""
 
     def __init__(self, transformer: torch.nn.Module, num_steps: int) -> None:
-        self.components = {"transformer": transformer}
+        self.transformer = transformer
         self.scheduler = SimpleNamespace(step_index=None, timesteps=range(num_steps))
+
+    @property
+    def components(self) -> dict[str, torch.nn.Module]:
+        # read from the attribute, as diffusers' pipelines do, so compile_denoisers' swap shows
+        return {"transformer": self.transformer}
 
 
 @contextmanager
@@ -297,12 +332,15 @@ def time_vae_decode(spec: ClipSpec, device, repeats: int, tiling: bool, seed: in
 
 
 def time_transformer_method(model, spec: ClipSpec, method: str, repeats: int, backend: str,
-                            device, dtype, seed: int = 0) -> list[dict]:
+                            device, dtype, seed: int = 0, compile: bool = False) -> list[dict]:
     """Per kind of step, `repeats` timed calls of the whole transformer with the attention
     patched to `method` (after a one-block warm-up through every kind), in schedule order so
-    a reuse step finds the grouping its regroup step cached."""
+    a reuse step finds the grouping its regroup step cached. With `compile`, the same calls
+    compiled (`compile_denoisers`) after a full warm-up call per kind instead (a one-block
+    model would be another graph); the model is uncompiled and unpatched on return."""
     import vcbench
     from vcbench.kernels import implementation as gpu_implementation
+    from vcbench.pipelines.patch import compile_denoisers, compile_seconds
 
     kinds = step_kinds(method, spec.steps)
     implementation = gpu_implementation(method) if backend == "gpu" else backend
@@ -315,25 +353,49 @@ def time_transformer_method(model, spec: ClipSpec, method: str, repeats: int, ba
     def call(step: int):
         holder.scheduler.step_index = step
         t = torch.tensor([1000.0 * (1 - step / spec.steps)], device=device)
-        return model(hidden_states=latent, timestep=t, encoder_hidden_states=text, return_dict=False)
+        return holder.transformer(hidden_states=latent, timestep=t, encoder_hidden_states=text,
+                                  return_dict=False)
 
-    samples: dict[str, list[float]] = {kind: [] for kind in kinds}
-    with torch.no_grad(), vcbench.patch(holder, method, backend=backend) as p:
-        with first_blocks(model, 1):
-            for steps in kinds.values():
-                call(steps[0])
+    def timed_kinds(p) -> dict[str, list[float]]:
+        samples: dict[str, list[float]] = {kind: [] for kind in kinds}
         for _ in range(repeats):
             p.reset()  # a fresh clip: groupings recomputed on the regroup step
             for kind, steps in kinds.items():
-                routed = sum(p.routed.values())
+                routed, compiling = sum(p.routed.values()), compile_seconds()
                 samples[kind].append(timed(lambda s=steps[0]: call(s), device))
-                _check_call(p, method, kind, steps[0], sum(p.routed.values()) - routed, layers)
-    return transformer_rows(method, implementation or "?", kinds, samples, spec.cfg_passes)
+                _check_call(p, method, kind, steps[0], sum(p.routed.values()) - routed, layers,
+                            compile_seconds() - compiling)
+        return samples
+
+    with torch.no_grad(), vcbench.patch(holder, method, backend=backend) as p:
+        if not compile:
+            with first_blocks(model, 1):
+                for steps in kinds.values():
+                    call(steps[0])
+            return transformer_rows(method, implementation or "?", kinds, timed_kinds(p),
+                                    spec.cfg_passes)
+        uncompile = compile_denoisers(holder)
+        # Past Dynamo's recompile limit the transformer would run eager, unsaid: an error instead.
+        try:
+            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+                compile_s = {}
+                for kind, steps in kinds.items():
+                    compiling = compile_seconds()
+                    call(steps[0])
+                    compile_s[kind] = compile_seconds() - compiling
+                return transformer_rows(method, implementation or "?", kinds, timed_kinds(p),
+                                        spec.cfg_passes, compile_s)
+        finally:
+            uncompile()  # before the patch is restored, as generate does
 
 
-def _check_call(p, method: str, kind: str, step: int, routed: int, layers: int) -> None:
+def _check_call(p, method: str, kind: str, step: int, routed: int, layers: int,
+                compiled_s: float = 0.0) -> None:
     """The call did what it is counted as: every block's self-attention through the method,
-    and (V-Smooth) the schedule's action on that step."""
+    (V-Smooth) the schedule's action on that step, and no compilation in its time."""
+    if compiled_s > 0:
+        raise RuntimeError(f"{method}: the timed {kind} call compiled for {compiled_s:.2f} s "
+                           "(a recompile the warm-up did not absorb)")
     if routed != layers:
         raise RuntimeError(f"{method}: {routed} self-attention calls went through the method, "
                            f"expected {layers} (one per block)")
@@ -354,6 +416,7 @@ class Request:
     device: str = "cuda"
     backend: str = "gpu"
     seed: int = 0
+    compile: bool = False  # also time each transformer under torch.compile, beside eager
 
 
 def check_request(req: Request) -> None:
@@ -407,7 +470,8 @@ def project_clip(req: Request, out: Path, spec: ClipSpec = WAN22_720P,
               "repeats": req.repeats, "text_repeats": req.text_repeats,
               "vae_repeats": req.vae_repeats, "vae_tiling": req.vae_tiling,
               "backend": req.backend, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-              "schedule": asdict(GroupingSchedule(spec.steps))}
+              "schedule": asdict(GroupingSchedule(spec.steps)),
+              **({"compile": True} if req.compile else {})}
     rows: list[dict] = []
     start = time.perf_counter()
     with RunFolder.create(out, COMMAND, config) as run:
@@ -415,7 +479,8 @@ def project_clip(req: Request, out: Path, spec: ClipSpec = WAN22_720P,
             rows.extend(new)
             run.table("parts", pd.DataFrame(rows))
             for r in new:
-                say(f"[{time.perf_counter() - start:5.0f} s] {what} {r['kind']}: "
+                compiled = f" compiled ({r['compile_s']:.1f} s to compile)" if r.get("compiled") else ""
+                say(f"[{time.perf_counter() - start:5.0f} s] {what} {r['kind']}{compiled}: "
                     f"{r['call_s']:.4f} s/call x {r['calls_in_clip']} = {r['total_s']:.2f} s")
 
         # One part in memory at a time: the text encoder and the VAE are freed when their
@@ -424,18 +489,21 @@ def project_clip(req: Request, out: Path, spec: ClipSpec = WAN22_720P,
         _free(device)
         model = build_transformer(spec.transformer, device, dtype, req.seed)
         failed: dict[str, str] = {}
-        for method in methods:
+        # Eager and compiled apart: a method that fails to compile keeps its eager figures.
+        for method, compiled in itertools.product(methods, (False, True) if req.compile else (False,)):
+            item = f"{method} compiled" if compiled else method
             try:
                 new = time_transformer_method(model, spec, method, req.repeats, req.backend,
-                                              device, dtype, req.seed)
+                                              device, dtype, req.seed, compiled)
             except Exception as e:  # noqa: BLE001 - one device run: keep timing the others
-                failed[method] = "".join(traceback.format_exception(e))
-                run.record(method, "error", error=failed[method])
-                say(f"transformer {method} FAILED (its traceback is in the manifest):\n"
-                    f"{failed[method]}")
+                failed[item] = "".join(traceback.format_exception(e))
+                run.record(item, "error", error=failed[item])
+                say(f"transformer {item} FAILED (its traceback is in the manifest):\n"
+                    f"{failed[item]}")
             else:
-                run.record(method, "ok", implementation=new[0]["implementation"])
-                done(new, f"transformer {method}")
+                run.record(item, "ok", implementation=new[0]["implementation"])
+                done([{"compiled": False, **r} for r in new] if req.compile else new,
+                     f"transformer {method}")
             _free(device)
         model = None
         _free(device)
