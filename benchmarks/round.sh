@@ -8,16 +8,16 @@
 #   2. the GPU tests (operands bit-equal to the emulation, outputs within the tolerance rule);
 #   3. with --sweep, the Triton kernel's launch configurations at the shape;
 #   4. grouping time (Triton k-means on bf16 V);
-#   5. `vcbench timeit` of the methods beside BF16 (CUPTI, one process), then the compiled
-#      kernel beside the Triton one (sm90/compiled_timeit.py), table last.
+#   5. the compiled kernel beside the Triton one (sm90/compiled_timeit.py; --no-ab skips it),
+#      then `vcbench timeit` of the methods beside BF16 (CUPTI, one process), table last.
 # Usage (repo root; PYTHONPATH=. plus FA4's as ../shared/device/README.md shows):
 #   bash benchmarks/round.sh [--timeit-s W,S] [--shape SHAPE] [--methods A,B] [--sweep]
-#     [--skip-build] [--skip-tests] [--skip-timing]
+#     [--skip-build] [--skip-tests] [--skip-timing] [--no-ab]
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 TIMEIT="3,3"; SHAPE=wan22-720p; METHODS="bf16,sage2-8bit,fp8-fa4,vc-8bit-vsmooth,vc-8bit,vc-8bit-fp8qk"
-BUILD=1; TESTS=1; TIMING=1; SWEEP=0
+BUILD=1; TESTS=1; TIMING=1; SWEEP=0; AB=1
 while [ $# -gt 0 ]; do
   case $1 in
     --timeit-s) TIMEIT=$2; shift 2 ;;
@@ -27,6 +27,7 @@ while [ $# -gt 0 ]; do
     --skip-build) BUILD=0; shift ;;
     --skip-tests) TESTS=0; shift ;;
     --skip-timing) TIMING=0; shift ;;
+    --no-ab) AB=0; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -77,9 +78,9 @@ if [ $SWEEP = 1 ]; then
 fi
 timeout -s KILL 60 python3 benchmarks/timing/group_time.py "$SHAPE" 2>&1 | tee "$OUT/grouping.txt"
 # 5. timing, table last
-timeout -s KILL 240 python3 benchmarks/sm90/compiled_timeit.py --shape "$SHAPE" --warmup-s "$w" \
-  --window-s "$s" --json "$OUT/compiled-timeit.json" > "$OUT/compiled-timeit.txt" 2>&1 \
-  && tail -n 14 "$OUT/compiled-timeit.txt"
+[ $AB = 1 ] && timeout -s KILL 240 python3 benchmarks/sm90/compiled_timeit.py --shape "$SHAPE" \
+  --warmup-s "$w" --window-s "$s" --json "$OUT/compiled-timeit.json" > "$OUT/compiled-timeit.txt" \
+  2>&1 && tail -n 14 "$OUT/compiled-timeit.txt"
 timeout -s KILL 300 python3 -m vcbench timeit --methods "$METHODS" --shape "$SHAPE" \
   --warmup-s "$w" --window-s "$s" --json "$OUT/timeit.json" 2>&1 | tail -n 14
 echo "GPU tests: $GREEN"
