@@ -56,6 +56,39 @@ def test_op_bad_input_is_a_user_error():
         ops.attention(q, k, v, "vc-8bit", backend="tpu")
 
 
+def test_serialized_options_are_canonical_json():
+    import json
+
+    for method in vcbench.list_methods():
+        resolved = get_method(method).resolve({})
+        plain = {n: list(x) if isinstance(x, tuple) else x for n, x in resolved.items()
+                 if n not in ("permutation", "grid", "centroids", "sm_scale")}
+        assert ops.serialize_options(method, {}) == json.dumps(plain, sort_keys=True)
+    given = {"expcast_beta": -1e-07, "vsmooth_cube": (1, 4, 4), "vsmooth": False}
+    text = ops.serialize_options("vc-8bit", given)
+    assert json.loads(text) == {**json.loads(ops.serialize_options("vc-8bit", {})),
+                                **given, "vsmooth_cube": [1, 4, 4]}
+    with pytest.raises(UserError, match="plain values"):
+        ops.serialize_options("vc-8bit", {"expcast_beta": float("nan")})
+
+
+@pytest.mark.parametrize("method,options", [
+    ("sage2-8bit", {"sm_scale": 0.05, "q_granularity": "block"}),
+    ("vc-8bit", {"expcast_beta": -0.5, "vsmooth": False}),
+])
+def test_a_compiled_function_calling_the_op_is_one_graph(method, options):
+    q, k, v = _qkv(3, n=128)
+    fn = lambda a, b, c: ops.attention(a, b, c, method, **options)  # noqa: E731
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(fn)(q, k, v)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+    graphs = _Graphs()
+    out = torch.compile(fn, backend=graphs, fullgraph=True)(q, k, v)
+    torch._dynamo.reset()
+    assert torch.equal(out, vcbench.attention(q, k, v, method, **options))
+    assert graphs.count(torch.ops.vcbench.attention.default) == 1
+
+
 # ---- a patched transformer under torch.compile -------------------------------------------
 
 ROUTED = torch.ops.vcbench.patched_attention.default
