@@ -156,6 +156,39 @@ def test_compiled_patched_transformer_is_one_graph_equal_to_eager(tiny, method):
     assert dict(p.plain) == {"transformer.blocks.0.attn2": 3, "transformer.blocks.1.attn2": 3}
 
 
+class _TensorMethods(torch.nn.Module):
+    """An attention module (a processor, as diffusers' have) whose forward also calls Tensor
+    methods that torch implements in Python, as diffusers' processors do (unflatten, split)."""
+
+    processor = None
+
+    def set_processor(self, processor):
+        self.processor = processor
+
+    def forward(self, x):
+        q = x.unflatten(2, (2, -1)).transpose(1, 2)  # (B, N, H*D) -> (B, H, N, D)
+        a, b = q.split(q.shape[-1] // 2, dim=-1)
+        side = (1 - a, 2 / (b.abs() + 1), 2 ** b, a.norm(dim=-1))
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q), side
+
+
+def test_the_patch_leaves_python_tensor_methods_as_they_are_eager_and_compiled():
+    model = torch.nn.Sequential(_TensorMethods())
+    x = torch.randn(1, 128, 2 * 128, generator=torch.Generator().manual_seed(4))
+    plain_out, plain_side = model(x)
+    torch._dynamo.reset()
+    with vcbench.patch(model, "sage2-8bit") as p:
+        out, side = model(x)
+        graphs = _Graphs()
+        compiled_out, compiled_side = torch.compile(model, backend=graphs, fullgraph=True)(x)
+    torch._dynamo.reset()
+    assert dict(p.routed) == {"transformer.0": 2}  # the SDPA call went to the method
+    assert not torch.equal(out, plain_out) and torch.equal(compiled_out, out)
+    for got, compiled, want in zip(side, compiled_side, plain_side, strict=True):
+        assert torch.equal(got, want) and torch.equal(compiled, want)
+    assert len(graphs.dynamo_graphs) == 1 and graphs.count(ROUTED) == 1
+
+
 def test_the_patch_ops_are_not_captured_by_cuda_graphs():
     # their bodies hold the run's state; a replayed graph would skip them
     if not hasattr(torch.Tag, "cudagraph_unsafe"):
