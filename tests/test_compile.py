@@ -56,6 +56,39 @@ def test_op_bad_input_is_a_user_error():
         ops.attention(q, k, v, "vc-8bit", backend="tpu")
 
 
+def test_serialized_options_are_canonical_json():
+    import json
+
+    for method in vcbench.list_methods():
+        resolved = get_method(method).resolve({})
+        plain = {n: list(x) if isinstance(x, tuple) else x for n, x in resolved.items()
+                 if n not in ("permutation", "grid", "centroids", "sm_scale")}
+        assert ops.serialize_options(method, {}) == json.dumps(plain, sort_keys=True)
+    given = {"expcast_beta": -1e-07, "vsmooth_cube": (1, 4, 4), "vsmooth": False}
+    text = ops.serialize_options("vc-8bit", given)
+    assert json.loads(text) == {**json.loads(ops.serialize_options("vc-8bit", {})),
+                                **given, "vsmooth_cube": [1, 4, 4]}
+    with pytest.raises(UserError, match="plain values"):
+        ops.serialize_options("vc-8bit", {"expcast_beta": float("nan")})
+
+
+@pytest.mark.parametrize("method,options", [
+    ("sage2-8bit", {"sm_scale": 0.05, "q_granularity": "block"}),
+    ("vc-8bit", {"expcast_beta": -0.5, "vsmooth": False}),
+])
+def test_a_compiled_function_calling_the_op_is_one_graph(method, options):
+    q, k, v = _qkv(3, n=128)
+    fn = lambda a, b, c: ops.attention(a, b, c, method, **options)  # noqa: E731
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(fn)(q, k, v)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+    graphs = _Graphs()
+    out = torch.compile(fn, backend=graphs, fullgraph=True)(q, k, v)
+    torch._dynamo.reset()
+    assert torch.equal(out, vcbench.attention(q, k, v, method, **options))
+    assert graphs.count(torch.ops.vcbench.attention.default) == 1
+
+
 # ---- a patched transformer under torch.compile -------------------------------------------
 
 ROUTED = torch.ops.vcbench.patched_attention.default
@@ -121,6 +154,39 @@ def test_compiled_patched_transformer_is_one_graph_equal_to_eager(tiny, method):
     # the op's body ran on each call: 1 eager + 2 compiled calls per layer
     assert dict(p.routed) == {"transformer.blocks.0.attn1": 3, "transformer.blocks.1.attn1": 3}
     assert dict(p.plain) == {"transformer.blocks.0.attn2": 3, "transformer.blocks.1.attn2": 3}
+
+
+class _TensorMethods(torch.nn.Module):
+    """An attention module (a processor, as diffusers' have) whose forward also calls Tensor
+    methods that torch implements in Python, as diffusers' processors do (unflatten, split)."""
+
+    processor = None
+
+    def set_processor(self, processor):
+        self.processor = processor
+
+    def forward(self, x):
+        q = x.unflatten(2, (2, -1)).transpose(1, 2)  # (B, N, H*D) -> (B, H, N, D)
+        a, b = q.split(q.shape[-1] // 2, dim=-1)
+        side = (1 - a, 2 / (b.abs() + 1), 2 ** b, a.norm(dim=-1))
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q), side
+
+
+def test_the_patch_leaves_python_tensor_methods_as_they_are_eager_and_compiled():
+    model = torch.nn.Sequential(_TensorMethods())
+    x = torch.randn(1, 128, 2 * 128, generator=torch.Generator().manual_seed(4))
+    plain_out, plain_side = model(x)
+    torch._dynamo.reset()
+    with vcbench.patch(model, "sage2-8bit") as p:
+        out, side = model(x)
+        graphs = _Graphs()
+        compiled_out, compiled_side = torch.compile(model, backend=graphs, fullgraph=True)(x)
+    torch._dynamo.reset()
+    assert dict(p.routed) == {"transformer.0": 2}  # the SDPA call went to the method
+    assert not torch.equal(out, plain_out) and torch.equal(compiled_out, out)
+    for got, compiled, want in zip(side, compiled_side, plain_side, strict=True):
+        assert torch.equal(got, want) and torch.equal(compiled, want)
+    assert len(graphs.dynamo_graphs) == 1 and graphs.count(ROUTED) == 1
 
 
 def test_the_patch_ops_are_not_captured_by_cuda_graphs():

@@ -16,6 +16,7 @@ graphs and guards.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import torch
@@ -54,9 +55,28 @@ def serialize_options(method: str, options: dict[str, Any]) -> str:
     plain = {n: (list(x) if isinstance(x, tuple) else x)
              for n, x in resolved.items() if n not in CALL_OPTIONS}
     try:
-        return json.dumps(plain, sort_keys=True)
+        return _json(plain)
     except TypeError as e:
         raise UserError(f"method {method!r}: options must be plain values to run as an op ({e})") from None
+
+
+def _json(x: Any) -> str:
+    """`json.dumps(x, sort_keys=True)` for the values options take, in plain Python: this runs
+    inside compiled callers, and json's C encoder is a builtin Dynamo cannot trace. What JSON
+    would have to escape, and NaN or infinity (not JSON), is a TypeError instead."""
+    if x is None or isinstance(x, bool):
+        return {None: "null", True: "true", False: "false"}[x]
+    if isinstance(x, int):
+        return repr(int(x))  # a subclass (IntEnum, numpy.float64) writes as the number
+    if isinstance(x, float) and math.isfinite(x):
+        return repr(float(x))
+    if isinstance(x, str) and x.isascii() and x.isprintable() and '"' not in x and "\\" not in x:
+        return f'"{x}"'  # nothing in it that JSON escapes
+    if isinstance(x, (list, tuple)):
+        return "[" + ", ".join([_json(i) for i in x]) + "]"
+    if isinstance(x, dict) and all(isinstance(k, str) for k in x):
+        return "{" + ", ".join([f"{_json(k)}: {_json(x[k])}" for k in sorted(x)]) + "}"
+    raise TypeError(f"{type(x).__name__} {x!r} is not a plain value")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,

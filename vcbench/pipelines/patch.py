@@ -155,6 +155,12 @@ class _Intercept(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is _SDPA:
             return self.patch._sdpa(self.route, *args, **kwargs)
+        if args and isinstance(args[0], torch.Tensor) and _is_python_tensor_method(func):
+            # A Tensor method written in Python (torch/_tensor.py's unflatten, split, ...) called
+            # as a function is inlined by Dynamo, and torch 2.11's cannot trace the
+            # `super().name(...)` it ends in; called on the tensor it is a tensor method call,
+            # which Dynamo knows. Eager it is the same call (the mode is off in its handler).
+            return getattr(args[0], func.__name__)(*args[1:], **kwargs)
         return func(*args, **kwargs)
 
 
@@ -435,6 +441,12 @@ def denoisers(pipe: Any) -> dict[str, torch.nn.Module]:
 def _sdpa_core(module: torch.nn.Module) -> str | None:
     cls = type(module)
     return SDPA_CORES.get((cls.__module__, cls.__qualname__))
+
+
+def _is_python_tensor_method(func) -> bool:
+    # `Tensor.<name> is func`: the bound method by that name is this very function
+    return (getattr(func, "__module__", None) == "torch._tensor"
+            and getattr(torch.Tensor, getattr(func, "__name__", ""), None) is func)
 
 
 def _is_attention(module: torch.nn.Module) -> bool:
