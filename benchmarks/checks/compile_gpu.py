@@ -1,6 +1,7 @@
 """Device check: a patched transformer under torch.compile and CUDA graphs, backend="gpu".
 
-    PYTHONPATH=. python benchmarks/checks/compile_gpu.py --out $OUT      (about 3 minutes)
+    PYTHONPATH=. python benchmarks/checks/compile_gpu.py --out $OUT      (about 5 minutes: Inductor
+    compiles the tiny transformer ~4 times per method)
 
 For each method, the tiny-wan-random transformer on CUDA (bf16 weights, 1536 video tokens, one
 call), patched with `vcbench.patch(pipe, method, backend="gpu")`:
@@ -10,7 +11,9 @@ call), patched with `vcbench.patch(pipe, method, backend="gpu")`:
            compiled transformer call's time (median of 20, CUDA events);
   graphs   `mode="reduce-overhead"`: runs and matches, and whether Inductor captured CUDA
            graphs (the patch ops are cudagraph_unsafe by design: their bodies hold the run's
-           state, so a graph holding them is run without capture; the count says so);
+           state, so a graph holding them is run without capture; the count says so), then
+           the same with Inductor's graph partitioning (the segments between attention calls
+           captured, the ops eager);
   schedule vc-8bit over a 20-step schedule: the number of Dynamo graphs (the stated bound: 1).
 Then the host overhead of one attention call (B1 H2 N256 D128, bf16): eager `vcbench.attention`
 against a compiled function that calls the op, microseconds per call, mean over 300 calls.
@@ -33,6 +36,7 @@ import vcbench
 from vcbench.kernels import ops
 
 METHODS = ("bf16", "sage2-8bit", "fp8-fa4", "vc-8bit", "vc-8bit-fp8qk")
+BACKEND = {"cuda": "gpu", "cpu": "emulate"}  # --device cpu: a smoke run of this script
 
 
 def _inputs(seed: int, device: str, dtype: torch.dtype) -> dict:
@@ -48,15 +52,19 @@ def _call(model, inputs):
         return model(**inputs, return_dict=False)[0]
 
 
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _ms(fn, reps: int = 20) -> float:
     times = []
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
+        _sync()
+        t0 = time.perf_counter()
         fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
+        _sync()
+        times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
@@ -64,42 +72,82 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max())
 
 
-def check_method(tiny, method: str) -> dict:
+def _stage(row: dict, name: str, fn) -> bool:
+    """Run one stage; a failure is recorded in the row (the later stages still run)."""
+    try:
+        fn()
+        return True
+    except Exception as e:
+        row[f"{name}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:240]}"
+        traceback.print_exc(limit=3)
+        return False
+    finally:
+        torch._dynamo.reset()
+
+
+def check_method(tiny, method: str, device: str) -> dict:
     from torch._dynamo.utils import counters
+    from torch._inductor import config as inductor_config
 
     model = tiny.pipe.transformer
-    inputs = _inputs(0, "cuda", next(model.parameters()).dtype)
+    inputs = _inputs(0, device, next(model.parameters()).dtype)
     row: dict = {"method": method}
-    with vcbench.patch(tiny.pipe, method, backend="gpu") as p:
+    with vcbench.patch(tiny.pipe, method, backend=BACKEND[device]) as p:
         eager = _call(model, inputs)
         row["eager_ms"] = _ms(lambda: _call(model, inputs))
+
+        def explain():
+            explained = torch._dynamo.explain(model)(**inputs, return_dict=False)
+            row["graphs"], row["breaks"] = explained.graph_count, explained.graph_break_count
+            row["break_reasons"] = [str(r.reason)[:200] for r in explained.break_reasons[:3]]
+
+        def inductor():
+            compiled = torch.compile(model, fullgraph=True)
+            t0 = time.perf_counter()
+            out = _call(compiled, inputs)
+            _sync()
+            row["compile_s"] = round(time.perf_counter() - t0, 1)
+            row["inductor_diff"] = _diff(out, eager)
+            row["inductor_repeat_equal"] = bool(torch.equal(_call(compiled, inputs), out))
+            row["compiled_ms"] = _ms(lambda: _call(compiled, inputs))
+
+        def graphed(partition: bool):
+            # reduce-overhead: the patch ops are cudagraph_unsafe (their bodies hold the run's
+            # state), so without graph partitioning Inductor captures no graph holding them;
+            # with it, the segments between attention calls are captured and the ops run
+            # eagerly between replays
+            key = "partition" if partition else "cudagraph"
+            counters.clear()
+            old = getattr(inductor_config, "graph_partition", None)
+            if partition and old is None:
+                raise RuntimeError("this torch has no inductor graph_partition")
+            if old is not None:
+                inductor_config.graph_partition = partition
+            try:
+                fn = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+
+                def step():
+                    torch.compiler.cudagraph_mark_step_begin()
+                    return _call(fn, inputs).clone()  # a replay overwrites the graph's output
+                outs = [step() for _ in range(3)]
+                row[f"{key}_diff"] = max(_diff(o, eager) for o in outs)
+                row[f"{key}_skips"] = sum(v for k, v in counters["inductor"].items()
+                                          if "cudagraph_skip" in k)
+                row[f"{key}_ms"] = _ms(step)
+            finally:
+                if old is not None:
+                    inductor_config.graph_partition = old
+
         torch._dynamo.reset()
-        explained = torch._dynamo.explain(model)(**inputs, return_dict=False)
-        row["graphs"], row["breaks"] = explained.graph_count, explained.graph_break_count
-        row["break_reasons"] = [str(r.reason)[:200] for r in explained.break_reasons[:3]]
-        torch._dynamo.reset()
-        compiled = torch.compile(model, fullgraph=True)
-        t0 = time.perf_counter()
-        out = _call(compiled, inputs)
-        torch.cuda.synchronize()
-        row["compile_s"] = round(time.perf_counter() - t0, 1)
-        row["inductor_diff"] = _diff(out, eager)
-        row["inductor_repeat_equal"] = bool(torch.equal(_call(compiled, inputs), out))
-        row["compiled_ms"] = _ms(lambda: _call(compiled, inputs))
-        torch._dynamo.reset()
-        counters.clear()
-        graphed = torch.compile(model, mode="reduce-overhead", fullgraph=True)
-        outs = [_call(graphed, inputs) for _ in range(3)]
-        row["cudagraph_diff"] = max(_diff(o, eager) for o in outs)
-        row["cudagraph_skips"] = sum(counters["inductor"].get(k, 0) for k in counters["inductor"]
-                                     if "cudagraph_skip" in k)
-        row["cudagraph_ms"] = _ms(lambda: _call(graphed, inputs))
+        _stage(row, "explain", explain)
+        _stage(row, "inductor", inductor)
+        _stage(row, "cudagraph", lambda: graphed(False))
+        _stage(row, "partition", lambda: graphed(True))
         row["routed_calls"] = sum(p.routed.values())
-    torch._dynamo.reset()
     return row
 
 
-def schedule_graphs(tiny, steps: int = 20) -> dict:
+def schedule_graphs(tiny, device: str, steps: int = 20) -> dict:
     graphs = []
 
     def keep(gm, example_inputs):
@@ -111,33 +159,34 @@ def schedule_graphs(tiny, steps: int = 20) -> dict:
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=keep, fullgraph=True)
     scheduler.set_timesteps(steps)
-    with vcbench.patch(tiny.pipe, "vc-8bit", backend="gpu") as p:
+    with vcbench.patch(tiny.pipe, "vc-8bit", backend=BACKEND[device]) as p:
         for step in range(steps):
             scheduler._step_index = step
-            _call(compiled, _inputs(step, "cuda", dtype))
+            _call(compiled, _inputs(step, device, dtype))
         actions = sorted(set(p.actions.values()))
     scheduler._step_index = None
     torch._dynamo.reset()
     return {"steps": steps, "graphs": len(graphs), "actions": actions}
 
 
-def host_overhead(method: str, reps: int = 300) -> dict:
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 256, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+def host_overhead(method: str, device: str, reps: int = 300) -> dict:
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 256, 128, device=device, dtype=torch.bfloat16, generator=g)
                for _ in range(3))
-    eager = lambda: vcbench.attention(q, k, v, method, backend="gpu")  # noqa: E731
+    backend = BACKEND[device]
+    eager = lambda: vcbench.attention(q, k, v, method, backend=backend)  # noqa: E731
     torch._dynamo.reset()
-    compiled = torch.compile(lambda a, b, c: ops.attention(a, b, c, method, backend="gpu"),
+    compiled = torch.compile(lambda a, b, c: ops.attention(a, b, c, method, backend=backend),
                              fullgraph=True)
     row = {"method": method}
     for name, fn in (("eager", eager), ("compiled", lambda: compiled(q, k, v))):
         for _ in range(10):
             fn()
-        torch.cuda.synchronize()
+        _sync()
         t0 = time.perf_counter()
         for _ in range(reps):
             fn()
-        torch.cuda.synchronize()
+        _sync()
         row[f"{name}_us"] = round((time.perf_counter() - t0) / reps * 1e6, 1)
     torch._dynamo.reset()
     return row
@@ -147,30 +196,32 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/compile-gpu")))
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--device", choices=tuple(BACKEND), default="cuda")
+    ap.add_argument("--reps", type=int, default=300, help="calls per host-overhead figure")
     args = ap.parse_args()
     from vcbench.pipelines.registry import load_model
 
-    print("torch", torch.__version__, torch.cuda.get_device_name())
-    tiny = load_model("tiny-wan-random", device="cuda")
+    card = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    print("torch", torch.__version__, card)
+    tiny = load_model("tiny-wan-random", device=args.device)
     methods = args.methods.split(",")
-    report: dict = {"torch": torch.__version__, "card": torch.cuda.get_device_name(),
-                    "methods": [], "overhead": []}
+    report: dict = {"torch": torch.__version__, "card": card, "methods": [], "overhead": []}
     for method in methods:
         try:
-            row = check_method(tiny, method)
+            row = check_method(tiny, method, args.device)
         except Exception as e:  # one method's failure is a row, the others still run
             row = {"method": method, "error": f"{type(e).__name__}: {str(e)[:300]}"}
             traceback.print_exc(limit=4)
         report["methods"].append(row)
         print(json.dumps(row), flush=True)
     try:
-        report["schedule"] = schedule_graphs(tiny)
+        report["schedule"] = schedule_graphs(tiny, args.device)
     except Exception as e:
         report["schedule"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     print("schedule:", json.dumps(report["schedule"]), flush=True)
     for method in methods:
         try:
-            report["overhead"].append(host_overhead(method))
+            report["overhead"].append(host_overhead(method, args.device, args.reps))
         except Exception as e:
             report["overhead"].append({"method": method, "error": f"{type(e).__name__}: {str(e)[:300]}"})
         print(json.dumps(report["overhead"][-1]), flush=True)
@@ -178,15 +229,16 @@ def main() -> int:
     tmp = args.out / "compile-gpu.json.tmp"
     tmp.write_text(json.dumps(report, indent=1))
     tmp.replace(args.out / "compile-gpu.json")
-    print(f"\n{'method':<15}{'graphs':>7}{'breaks':>7}{'compile s':>10}{'ind diff':>10}"
-          f"{'eager ms':>9}{'comp ms':>8}{'cg ms':>7}{'cg skips':>9}{'cg diff':>9}")
+    cols = ("graphs", "breaks", "compile_s", "inductor_diff", "eager_ms", "compiled_ms",
+            "cudagraph_ms", "cudagraph_skips", "partition_ms", "partition_skips")
+    print("\n" + f"{'method':<15}" + "".join(f"{c:>16}" for c in cols))
     for r in report["methods"]:
-        if "error" in r:
-            print(f"{r['method']:<15} ERROR {r['error'][:100]}")
-            continue
-        print(f"{r['method']:<15}{r['graphs']:>7}{r['breaks']:>7}{r['compile_s']:>10}"
-              f"{r['inductor_diff']:>10.2e}{r['eager_ms']:>9.2f}{r['compiled_ms']:>8.2f}"
-              f"{r['cudagraph_ms']:>7.2f}{r['cudagraph_skips']:>9}{r['cudagraph_diff']:>9.2e}")
+        cells = [r.get(c, "-") for c in cols]
+        print(f"{r['method']:<15}" + "".join(
+            f"{x:>16.3g}" if isinstance(x, float) else f"{x!s:>16}" for x in cells))
+        for k, v in r.items():
+            if k.endswith("_error"):
+                print(f"    {k}: {v[:150]}")
     for r in report["overhead"]:
         print(f"host overhead {r['method']:<15} " + (r.get("error") or
               f"eager {r['eager_us']} us, compiled {r['compiled_us']} us per call"))

@@ -11,6 +11,7 @@ Usage: python3 benchmarks/sm90/compiled_smoke.py [--n N]  (exit 1 if a case is b
 """
 
 import argparse
+import math
 import sys
 
 import torch
@@ -64,6 +65,11 @@ def main():
         out, emu = launch(q, k, v, method, options)
         finite = bool(torch.isfinite(out).all())
         e = rel(out, emu)
+        # the GPU tests' rule: within max(4e-3, 0.5 e) of the emulation, e its own error
+        # against FP64 (the FP8-score instances sit ~5e-3 from it: the FP8 wgmma's truncated
+        # accumulation of the scores, which the emulation computes exactly)
+        s64 = q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
+        limit = max(4e-3, 0.5 * rel(emu, torch.softmax(s64, -1) @ v.double()))
         diff = (out.double() - emu.double()).pow(2)
         ref = emu.double().pow(2)
         rows = (diff.sum(-1).reshape(1, 2, -1)[..., : n // 16 * 16].reshape(2, -1, 16).sum(-1)
@@ -71,10 +77,10 @@ def main():
                 ).sqrt()
         cols = (diff.sum((0, 1, 2)).reshape(16, 8).sum(-1)
                 / ref.sum((0, 1, 2)).reshape(16, 8).sum(-1)).sqrt()
-        ok = finite and max(e, e_const, e_uniform) < 4e-3
+        ok = finite and e <= limit and max(e_const, e_uniform) < 4e-3
         bad += not ok
         print(f"{label}: {'ok ' if ok else 'BAD'} finite={finite} vs-emulation={e:.2e} "
-              f"const-V={e_const:.2e} uniform={e_uniform:.2e}", flush=True)
+              f"(limit {limit:.1e}) const-V={e_const:.2e} uniform={e_uniform:.2e}", flush=True)
         if not ok:
             by_row = " ".join(f"{x:.0e}" for x in rows[0, :16].tolist())
             by_col = " ".join(f"{x:.0e}" for x in cols.tolist())
