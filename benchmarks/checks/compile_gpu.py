@@ -9,11 +9,10 @@ call), patched with `vcbench.patch(pipe, method, backend="gpu")`:
   inductor `torch.compile(fullgraph=True)`: compile time, the largest difference from eager
            (attention is the op's own bits, Inductor reassociates the rest), and the eager and
            compiled transformer call's time (median of 20, CUDA events);
-  graphs   `mode="reduce-overhead"`: runs and matches, and whether Inductor captured CUDA
-           graphs (the patch ops are cudagraph_unsafe by design: their bodies hold the run's
-           state, so a graph holding them is run without capture; the count says so), then
-           the same with Inductor's graph partitioning (the segments between attention calls
-           captured, the ops eager);
+  graphs   `mode="reduce-overhead"` with graph partitioning off, then on (torch's default):
+           runs and matches eager, and Inductor's CUDA-graph skips. The patch ops are
+           cudagraph_unsafe by design (their bodies hold the run's state): off, a graph
+           holding them is not captured; on, the segments between them are;
   schedule vc-8bit over a 20-step schedule: the number of Dynamo graphs (the stated bound: 1).
 Then the host overhead of one attention call (B1 H2 N256 D128, bf16): eager `vcbench.attention`
 against a compiled function that calls the op, microseconds per call, mean over 300 calls.
@@ -113,9 +112,9 @@ def check_method(tiny, method: str, device: str) -> dict:
 
         def graphed(partition: bool):
             # reduce-overhead: the patch ops are cudagraph_unsafe (their bodies hold the run's
-            # state), so without graph partitioning Inductor captures no graph holding them;
-            # with it, the segments between attention calls are captured and the ops run
-            # eagerly between replays
+            # state). With Inductor's graph partitioning (the default since torch 2.9) the
+            # segments between attention calls are captured and the ops run eagerly between
+            # replays; without it no graph holding them is captured (a skip)
             key = "partition" if partition else "cudagraph"
             counters.clear()
             old = getattr(inductor_config, "graph_partition", None)
