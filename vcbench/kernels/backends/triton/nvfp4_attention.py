@@ -30,12 +30,48 @@ pointers is one 64-bit base plus 32-bit offsets rather than a tile of 64-bit pro
 
 from __future__ import annotations
 
+import numpy as np
 import triton
 import triton.language as tl
 
-from vcbench.kernels.backends.triton.nvfp4 import OUTER_DIVISOR, codes_twice, microscale
+from vcbench.kernels.backends.triton.nvfp4 import OUTER_DIVISOR, microscale, round_e2m1_twice
 
-P_ROW_DIVISOR = tl.constexpr(OUTER_DIVISOR)  # SageAttention3's s1 = rowmax(P~) / (448 * 6)
+# SageAttention3's s1 = rowmax(P~) / (448 * 6)
+TWO_64 = tl.constexpr(18446744073709551616.0)  # 2^64, exact scaling of dividend and divisor
+# RN(1 / (1 + m/8)) in FP32 for an E4M3 value's three mantissa bits m (the reciprocal of a
+# microscale is one of these times a power of two)
+_R = [float(np.float32(1) / np.float32(1 + m / 8)) for m in range(8)]
+R1, R2, R3, R4, R5, R6, R7 = (tl.constexpr(r) for r in _R[1:])
+# s1's divisor 448 * 6 scaled by 2^64, and its RN reciprocal
+P_ROW_DIVISOR_UP = tl.constexpr(OUTER_DIVISOR * 2.0**64)
+P_ROW_RECIP_UP = tl.constexpr(float(np.float32(1) / np.float32(OUTER_DIVISOR * 2.0**64)))
+
+
+@triton.jit
+def _recip_e4m3_up(x):
+    """div_rn(1, x) for x an E4M3 value times 2^64 (normal, mantissa in its top three bits):
+    the table's entry for the mantissa times 2^-exponent, exact, with no division."""
+    bits = x.to(tl.int32, bitcast=True)
+    m = (bits >> 20) & 7
+    pow2 = ((254 - ((bits >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
+    t = tl.where(m < 4, tl.where(m < 2, tl.where(m == 0, 1.0, R1), tl.where(m == 2, R2, R3)),
+                 tl.where(m < 6, tl.where(m == 4, R4, R5), tl.where(m == 6, R6, R7)))
+    return t * pow2
+
+
+@triton.jit
+def _div_rn_by(x, d_up, recip):
+    """x / d rounded to nearest (div_rn's result), x >= 0, d > 0, given d_up = d * 2^64 and
+    recip = div_rn(1, d_up): one division per row or group instead of one per element (a
+    div_rn is a subroutine call; 16K of them a tile spilled the kernel). Markstein's
+    correction: q = x_up * recip is within an ulp of the quotient, r = x_up - q d_up is exact
+    by FMA, and q + r * recip rounded once is the correctly rounded quotient when no
+    intermediate is subnormal, which the exact 2^64 scaling of both operands ensures for every
+    x >= 2^-149 (tests/test_exact_division.py checks the sequence against exact arithmetic)."""
+    x_up = x * TWO_64
+    q = x_up * recip
+    r = tl.fma(-q, d_up, x_up)
+    return tl.fma(r, recip, q)
 
 
 @triton.jit
@@ -79,13 +115,19 @@ def _kv_tile(acc, m_i, l_i, q, bias_q, k_mean, q_outer, k_outer, Kc, Ks, Vc, Vs,
     r = tl.sum(p, 1)
 
     if TWO_LEVEL:  # per row: s1 = rowmax / (448 * 6), so the row spans E4M3 x E2M1
-        s1 = tl.math.div_rn(tl.max(p, 1), tl.zeros_like(m_new) + P_ROW_DIVISOR)
-        x = tl.math.div_rn(p, tl.where(s1 > 0, s1, 1.0)[:, None] + tl.zeros_like(p))
+        s1 = _div_rn_by(tl.max(p, 1), P_ROW_DIVISOR_UP, P_ROW_RECIP_UP)
+        s1_up = tl.where(s1 > 0, s1, 1.0) * TWO_64
+        x = _div_rn_by(p, s1_up[:, None], tl.math.div_rn(tl.zeros_like(s1_up) + 1.0, s1_up)[:, None])
     else:
         x = p
     x3 = tl.reshape(x, (BLOCK_M, BLOCK_N // 16, 16))
-    scale = microscale(tl.max(x3, 2))[:, :, None]  # x >= 0: its max is its amax
-    p_deq = tl.reshape(codes_twice(x3, scale) * 0.5 * scale, (BLOCK_M, BLOCK_N))
+    scale = microscale(tl.max(x3, 2))  # x >= 0: its max is its amax
+    # codes_twice's x / scale (a zero scale gives zero codes), one division per group
+    full_up = tl.where(scale > 0, scale, 1.0) * TWO_64
+    recip = _recip_e4m3_up(full_up)
+    y = _div_rn_by(x3, full_up[:, :, None], recip[:, :, None])
+    codes = round_e2m1_twice(tl.where(scale[:, :, None] > 0, y, 0.0))
+    p_deq = tl.reshape(codes * 0.5 * scale[:, :, None], (BLOCK_M, BLOCK_N))
 
     v_codes = tl.load(Vc + keys[:, None] * D + cols[None, :])
     v_scale = tl.load(Vs + (j * (BLOCK_N // 16) + tl.arange(0, BLOCK_N // 16))[:, None] * D
@@ -160,9 +202,8 @@ def _nvfp4_attention_fwd(Qc, Qs, Kc, Ks, Vc, Vs, QO, KO, VO, VM, BiasQ, KMean, K
 
 def launch(ops, plan, out, *, num_warps: int = 8, num_stages: int = 2):
     """Run the kernel on `nvfp4.prepare`'s operands; out (B, H, N, D), unit last stride.
-    Untuned: compiled for sm_90a by Triton 3.8's ptxas, vc-4bit at D = 128 takes 255 registers
-    and spills ~1.7 KB per thread (attnqat-tf ~0.7 KB), most of it the two div_rn per P
-    element that keep P's codes the emulation's; not yet timed on a GPU."""
+    Untuned (timed on the H200 before the divisions became one per row and group: 0.9-1.3 s at
+    the Wan2.2 shape, docs/perf.md)."""
     b, h, _, d = out.shape
     spare = ops.q_scale  # any pointer, for the arguments a switch leaves unread
     bias = ops.bias_q is not None
