@@ -25,73 +25,34 @@ def accumulators(nacc, constraint):
                              for j in range(0, nacc, 8))
 
 
-def s8_ss(n):
+# The score product's two formats: (accumulator type, C type, asm constraint, trailing
+# operands). INT8 codes into s32; E4M3 codes into f32 (no I2FP per score), whose wgmma takes
+# the A and B scales too.
+QK = {"s8": ("s32", "uint32_t", "r", ""), "e4m3": ("f32", "float", "f", ", 1, 1")}
+
+
+def qk_ss(n, fmt, first):
+    """S = Q K^T, A and B from shared memory, both K-major. first: scale-d = false, D = A * B,
+    the accumulator write-only, so the compiler need not keep its old values alive up to the
+    issue (they are dead after the previous tile's softmax); else scale_d = 0 overwrites D and
+    1 accumulates."""
+    acc, ctype, reg, scales = QK[fmt]
     nacc = n // 2
-    outs = accumulators(nacc, "+r")
+    outs = accumulators(nacc, ("=" if first else "+") + reg)
+    name = f"wgmma_{fmt}_ss_n{n}{'_first' if first else ''}"
+    params = "uint64_t desc_a, uint64_t desc_b" + ("" if first else ", int scale_d")
+    pred = "0" if first else f"%{nacc + 2}"
+    ins = '"l"(desc_a), "l"(desc_b)' + ("" if first else ', "r"(scale_d)')
+    what = "= A * B, the first k-step" if first else "(+)= A * B"
     return f"""
-// D(s32, 64x{n}) (+)= A(s8, 64x32, shared memory) * B(s8, 32x{n}, shared memory), both K-major.
-// scale_d = 0 overwrites D (first k-step), 1 accumulates.
-__device__ __forceinline__ void wgmma_s8_ss_n{n}(uint32_t (&d)[{nacc}], uint64_t desc_a,
-                                               uint64_t desc_b, int scale_d) {{
+// D({acc}, 64x{n}) {what}: A({fmt}, 64x32), B({fmt}, 32x{n}), shared memory, K-major.
+__device__ __forceinline__ void {name}(
+    {ctype} (&d)[{nacc}], {params}) {{
   asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nacc + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k32.s32.s8.s8 {{{regs(nacc)}}}, %{nacc}, %{nacc + 1}, p;\\n}}\\n"
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, {pred}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k32.{acc}.{fmt}.{fmt} {{{regs(nacc)}}}, %{nacc}, %{nacc + 1}, p{scales};\\n}}\\n"
       : {outs}
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}}
-"""
-
-
-def s8_ss_first(n):
-    """scale-d = false: D = A * B, the accumulator is write-only, so the compiler need not keep
-    its old values alive up to the issue (they are dead after the previous tile's softmax)."""
-    nacc = n // 2
-    outs = accumulators(nacc, "=r")
-    return f"""
-// D(s32, 64x{n}) = A(s8, 64x32, shared memory) * B(s8, 32x{n}, shared memory): the first k-step.
-__device__ __forceinline__ void wgmma_s8_ss_n{n}_first(uint32_t (&d)[{nacc}], uint64_t desc_a,
-                                                     uint64_t desc_b) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 0, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k32.s32.s8.s8 {{{regs(nacc)}}}, %{nacc}, %{nacc + 1}, p;\\n}}\\n"
-      : {outs}
-      : "l"(desc_a), "l"(desc_b));
-}}
-"""
-
-
-def e4m3_ss(n):
-    """The FP8 score product: S in FP32 straight from the tensor core (no I2FP per score)."""
-    nacc = n // 2
-    outs = accumulators(nacc, "+f")
-    return f"""
-// D(f32, 64x{n}) (+)= A(e4m3, 64x32, shared memory) * B(e4m3, 32x{n}, shared memory), both
-// K-major. scale_d = 0 overwrites D (first k-step), 1 accumulates.
-__device__ __forceinline__ void wgmma_e4m3_ss_n{n}(float (&d)[{nacc}], uint64_t desc_a,
-                                                 uint64_t desc_b, int scale_d) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nacc + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{regs(nacc)}}}, %{nacc}, %{nacc + 1}, p, 1, 1;\\n}}\\n"
-      : {outs}
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}}
-"""
-
-
-def e4m3_ss_first(n):
-    """scale-d = false, write-only, as s8_ss_first."""
-    nacc = n // 2
-    outs = accumulators(nacc, "=f")
-    return f"""
-// D(f32, 64x{n}) = A(e4m3, 64x32, shared memory) * B(e4m3, 32x{n}, shared memory): the first
-// k-step.
-__device__ __forceinline__ void wgmma_e4m3_ss_n{n}_first(float (&d)[{nacc}], uint64_t desc_a,
-                                                       uint64_t desc_b) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 0, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{regs(nacc)}}}, %{nacc}, %{nacc + 1}, p, 1, 1;\\n}}\\n"
-      : {outs}
-      : "l"(desc_a), "l"(desc_b));
+      : {ins});
 }}
 """
 
@@ -182,7 +143,7 @@ __device__ __forceinline__ void wgmma_f16_ss_n{n}(float (&d)[NACC], uint64_t des
 def text() -> str:
     """wgmma.cuh as it must read."""
     pv = [e4m3_rs(n) + e4m3_rs_first(n) for n in (128, 136)]  # exp2; ExpCast's ones column
-    qk = s8_ss_first(128) + s8_ss(128) + e4m3_ss_first(128) + e4m3_ss(128)  # INT8 or FP8 scores
+    qk = "".join(qk_ss(128, fmt, first) for fmt in QK for first in (True, False))
     return (HEADER + qk + "".join(pv) + f16_rs(128) + f16_ss(128)
             + "\n}  // namespace vc\n")
 

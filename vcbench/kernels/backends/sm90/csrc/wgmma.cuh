@@ -4,9 +4,9 @@
 
 namespace vc {
 
-// D(s32, 64x128) = A(s8, 64x32, shared memory) * B(s8, 32x128, shared memory): the first k-step.
-__device__ __forceinline__ void wgmma_s8_ss_n128_first(uint32_t (&d)[64], uint64_t desc_a,
-                                                     uint64_t desc_b) {
+// D(s32, 64x128) = A * B, the first k-step: A(s8, 64x32), B(s8, 32x128), shared memory, K-major.
+__device__ __forceinline__ void wgmma_s8_ss_n128_first(
+    uint32_t (&d)[64], uint64_t desc_a, uint64_t desc_b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p;\n}\n"
@@ -21,10 +21,9 @@ __device__ __forceinline__ void wgmma_s8_ss_n128_first(uint32_t (&d)[64], uint64
       : "l"(desc_a), "l"(desc_b));
 }
 
-// D(s32, 64x128) (+)= A(s8, 64x32, shared memory) * B(s8, 32x128, shared memory), both K-major.
-// scale_d = 0 overwrites D (first k-step), 1 accumulates.
-__device__ __forceinline__ void wgmma_s8_ss_n128(uint32_t (&d)[64], uint64_t desc_a,
-                                               uint64_t desc_b, int scale_d) {
+// D(s32, 64x128) (+)= A * B: A(s8, 64x32), B(s8, 32x128), shared memory, K-major.
+__device__ __forceinline__ void wgmma_s8_ss_n128(
+    uint32_t (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p;\n}\n"
@@ -39,10 +38,9 @@ __device__ __forceinline__ void wgmma_s8_ss_n128(uint32_t (&d)[64], uint64_t des
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-// D(f32, 64x128) = A(e4m3, 64x32, shared memory) * B(e4m3, 32x128, shared memory): the first
-// k-step.
-__device__ __forceinline__ void wgmma_e4m3_ss_n128_first(float (&d)[64], uint64_t desc_a,
-                                                       uint64_t desc_b) {
+// D(f32, 64x128) = A * B, the first k-step: A(e4m3, 64x32), B(e4m3, 32x128), shared memory, K-major.
+__device__ __forceinline__ void wgmma_e4m3_ss_n128_first(
+    float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
@@ -57,10 +55,9 @@ __device__ __forceinline__ void wgmma_e4m3_ss_n128_first(float (&d)[64], uint64_
       : "l"(desc_a), "l"(desc_b));
 }
 
-// D(f32, 64x128) (+)= A(e4m3, 64x32, shared memory) * B(e4m3, 32x128, shared memory), both
-// K-major. scale_d = 0 overwrites D (first k-step), 1 accumulates.
-__device__ __forceinline__ void wgmma_e4m3_ss_n128(float (&d)[64], uint64_t desc_a,
-                                                 uint64_t desc_b, int scale_d) {
+// D(f32, 64x128) (+)= A * B: A(e4m3, 64x32), B(e4m3, 32x128), shared memory, K-major.
+__device__ __forceinline__ void wgmma_e4m3_ss_n128(
+    float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
