@@ -205,6 +205,13 @@ def main() -> int:
     tiny = load_model("tiny-wan-random", device=args.device)
     methods = args.methods.split(",")
     report: dict = {"torch": torch.__version__, "card": card, "methods": [], "overhead": []}
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def save():  # after every row: a call cut short at its time limit keeps what it measured
+        tmp = args.out / "compile-gpu.json.tmp"
+        tmp.write_text(json.dumps(report, indent=1))
+        tmp.replace(args.out / "compile-gpu.json")
+
     for method in methods:
         try:
             row = check_method(tiny, method, args.device)
@@ -212,6 +219,7 @@ def main() -> int:
             row = {"method": method, "error": f"{type(e).__name__}: {str(e)[:300]}"}
             traceback.print_exc(limit=4)
         report["methods"].append(row)
+        save()
         print(json.dumps(row), flush=True)
     try:
         report["schedule"] = schedule_graphs(tiny, args.device)
@@ -223,11 +231,9 @@ def main() -> int:
             report["overhead"].append(host_overhead(method, args.device, args.reps))
         except Exception as e:
             report["overhead"].append({"method": method, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        save()
         print(json.dumps(report["overhead"][-1]), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    tmp = args.out / "compile-gpu.json.tmp"
-    tmp.write_text(json.dumps(report, indent=1))
-    tmp.replace(args.out / "compile-gpu.json")
+    save()
     cols = ("graphs", "breaks", "compile_s", "inductor_diff", "eager_ms", "compiled_ms",
             "cudagraph_ms", "cudagraph_skips", "partition_ms", "partition_skips")
     print("\n" + f"{'method':<15}" + "".join(f"{c:>16}" for c in cols))
