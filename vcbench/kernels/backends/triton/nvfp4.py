@@ -80,6 +80,19 @@ def codes_twice(x, full):
 
 
 @triton.jit
+def _microscales(amax, Outer, bh, OUTER: tl.constexpr):
+    """(microscale, full scale) of groups whose absolute max is amax: with an outer scale per
+    (batch, head) (attnqat-tf's two levels) the microscale is of amax / outer and the full
+    scale their product, else both are the microscale."""
+    if OUTER:
+        outer = tl.load(Outer + bh)
+        scale = microscale(tl.math.div_rn(amax, tl.zeros_like(amax) + outer))
+        return scale, scale * outer
+    scale = microscale(amax)
+    return scale, scale
+
+
+@triton.jit
 def _quantize_qk(X, Perm, Mean, Outer, Codes, Scales, QMean, n, n_pad, stride_b, stride_h,
                  stride_n, H, multiplier, ROWS: tl.constexpr, D: tl.constexpr,
                  HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr,
@@ -109,14 +122,7 @@ def _quantize_qk(X, Perm, Mean, Outer, Codes, Scales, QMean, n, n_pad, stride_b,
         mean = (tl.sum(x.to(tl.float64), 0) / count).to(tl.float32)
         tl.store(QMean + (bh * (n_pad // ROWS) + block) * D + cols, mean)
         x = tl.where(valid[:, None, None], x - mean[None], 0.0)
-    amax = tl.max(tl.abs(x), 2)  # (ROWS, D / 16)
-    if OUTER:
-        outer = tl.load(Outer + bh)
-        scale = microscale(tl.math.div_rn(amax, tl.zeros_like(amax) + outer))
-        full = scale * outer
-    else:
-        scale = microscale(amax)
-        full = scale
+    scale, full = _microscales(tl.max(tl.abs(x), 2), Outer, bh, OUTER)  # (ROWS, D / 16)
     codes = codes_twice(x, full[:, :, None])
     r64 = rows.to(tl.int64)
     tl.store(Codes + bh * n_pad * D + r64[:, None, None] * D + cols[None], codes.to(tl.int8))
@@ -150,14 +156,7 @@ def _quantize_v(X, Perm, Outer, Codes, Scales, StoredMeans, n, n_pad, stride_b, 
         stored = tl.clamp(mean, -65504.0, 65504.0).to(tl.float16)
         tl.store(StoredMeans + (bh * (n_pad // ROWS) + tile) * D + cols, stored)
         x = tl.where(valid[:, :, None], x - stored.to(tl.float32)[None, None, :], 0.0)
-    amax = tl.max(tl.abs(x), 1)  # (ROWS / 16, D)
-    if OUTER:
-        outer = tl.load(Outer + bh)
-        scale = microscale(tl.math.div_rn(amax, tl.zeros_like(amax) + outer))
-        full = scale * outer
-    else:
-        scale = microscale(amax)
-        full = scale
+    scale, full = _microscales(tl.max(tl.abs(x), 1), Outer, bh, OUTER)  # (ROWS / 16, D)
     codes = codes_twice(x, full[:, None, :])
     r64 = rows.to(tl.int64)
     tl.store(Codes + bh * n_pad * D + r64[:, :, None] * D + cols[None, None, :],
