@@ -25,11 +25,11 @@ QGMMA_RS = re.compile(r"QGMMA\.\w+\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc")
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
 
 
-def functions(sass: str, text: bool = False):
+def functions(sass: str):
+    """(mangled name, opcodes, SASS text) of each function."""
     for chunk in re.split(r"\n\s*Function : ", sass)[1:]:
         name = chunk.split("\n", 1)[0].strip()
-        ops = [m.group(1) for m in OPCODE.finditer(chunk)]
-        yield (name, ops, chunk) if text else (name, ops)
+        yield name, [m.group(1) for m in OPCODE.finditer(chunk)], chunk
 
 
 def main() -> int:
@@ -43,7 +43,7 @@ def main() -> int:
     instances = 0
     print(f"{'instance':20s} {'instr':>6s} {'IGMMA':>5s} {'QGMMA':>5s} {'DEPBAR':>6s} {'HGMMA':>5s} "
           f"{'LDL/STL':>7s} {'MUFU.EX2':>8s} {'I2FP':>5s} {'I2F':>4s} {'FMNMX':>5s}  check")
-    for name, ops, chunk in functions(sass, text=True):
+    for name, ops, chunk in functions(sass):
         m = INSTANCE.search(name)
         if not m:
             continue
@@ -83,7 +83,7 @@ def main() -> int:
         print(f"{label:20s} {len(ops):6d} {base['IGMMA']:5d} {base['QGMMA']:5d} {depbar:6d} "
               f"{base['HGMMA']:5d} {local:7d} {ex2:8d} {base['I2FP']:5d} {base['I2F']:4d} {base['FMNMX']:5d}  "
               f"{'ok' if not problems else '; '.join(problems)}")
-    names = sorted({op for _, ops in functions(sass) for op in ops if "GMMA" in op})
+    names = sorted({op for _, ops, _ in functions(sass) for op in ops if "GMMA" in op})
     print("matrix instructions as printed:", ", ".join(names))
     if not instances:
         print("no kernel instance with the current template parameters found")
