@@ -192,3 +192,27 @@ def test_torchrun_shards_items_over_two_gloo_processes(tmp_path):
     assert not set(ranks[0]["made"]) & set(ranks[1]["made"])
     assert sorted(ranks[0]["made"] + ranks[1]["made"]) == planned
     assert ranks[0]["skipped"] == ranks[1]["skipped"] == []
+
+
+def test_generate_without_pyav_makes_clips_without_previews(tmp_path):
+    # Some GPU images lack PyAV: the clip (its PNG frames, what is scored) is still made, the
+    # row says it has no preview, one warning line says why, and a rerun finds it finished.
+    hide_av = ("import runpy, sys; sys.modules['av'] = None; sys.argv[0] = 'vcbench'; "
+               "runpy.run_module('vcbench', run_name='__main__')")
+    out = tmp_path / "run"
+    args = ["generate", "--model", "tiny-wan-random", "--methods", "bf16", "--prompts",
+            _prompts(tmp_path), "--seeds", "0", *SMALL, "--out", out]
+    run = lambda: subprocess.run([sys.executable, "-c", hide_av, *map(str, args)], cwd=ROOT,  # noqa: E731
+                                 capture_output=True, text=True)
+    done = run()
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stderr.splitlines() if "PyAV" in line] == [
+        "warning: PyAV (av) is not installed: clips get no preview.mp4 (scoring reads the PNG frames)"]
+    rows = json.loads((out / "manifest.json").read_text())["items"]
+    assert [r["status"] for r in rows] == ["ok", "ok"] and all(r["mp4"] is None for r in rows)
+    assert not list(out.rglob("*.mp4"))
+    assert read_frames(out / rows[0]["frames_dir"]).shape == (5, 128, 128, 3)
+    again = run()
+    assert again.returncode == 0, again.stderr
+    rank0 = json.loads((out / "ranks/rank0.json").read_text())
+    assert sorted(rank0["skipped"]) == ["bf16/fox/s0", "bf16/sea/s0"]

@@ -9,7 +9,8 @@ Run folder (what `vcbench score` reads):
         frames/000000.png ...                  lossless frames (scored)
         frames.npy                             only a clip with NaN/inf: its float frames
                                                (row: nonfinite_frames, frames_npy; scored)
-        preview.mp4                            H.264 preview (for people)
+        preview.mp4                            H.264 preview (for people; not made
+                                               without PyAV: row mp4 null)
         row.json                               this clip's manifest row
 
 Each clip's `row.json` is the source of truth and is written atomically by the process that
@@ -24,6 +25,7 @@ from __future__ import annotations
 import gc
 import json
 import shutil
+import sys
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -41,7 +43,7 @@ from vcbench.pipelines.loaded import ClipSettings, LoadedModel, nonfinite_frames
 from vcbench.pipelines.patch import SCHEDULE_OPTIONS, compile_denoisers, compile_seconds, patch
 from vcbench.pipelines.progress import ClipProgress
 from vcbench.pipelines.prompts import Prompt
-from vcbench.pipelines.video_io import frames_sha256, write_frames, write_mp4, write_npy
+from vcbench.pipelines.video_io import can_write_mp4, frames_sha256, write_frames, write_mp4, write_npy
 from vcbench.runs import RunFolder, sole_writer, write_json
 
 ROW = "row.json"
@@ -141,6 +143,9 @@ def _generate(req, items, method_options, rank, world, show_progress) -> Path:
     mine = items[rank::world]
     shard = _Shard(run.path, rank, world)
     status = "failed"
+    if rank == 0 and not can_write_mp4():
+        print("warning: PyAV (av) is not installed: clips get no preview.mp4 (scoring reads "
+              "the PNG frames)", file=sys.stderr, flush=True)
     try:
         if rank == 0:
             _write_manifest(run, items, "running")
@@ -275,10 +280,13 @@ def _make_clip(root, model, item, settings, req, method_options, active, bar):
         write_npy(clip / "frames.npy", (raw * 255.0).astype(np.float32))
         extra = {"nonfinite_frames": broken, "frames_npy": f"{rel}/frames.npy"}
     digest = write_frames(frames, clip / "frames")
-    write_mp4(frames, clip / "preview.mp4")
+    mp4 = None
+    if can_write_mp4():
+        write_mp4(frames, clip / "preview.mp4")
+        mp4 = f"{rel}/preview.mp4"
     write_json(clip / ROW, {**row, "status": "ok", "wall_s": round(wall, 4),
                             **({"compile_s": round(compiled_s, 4)} if req.compile else {}),
-                            "frames_dir": f"{rel}/frames", "mp4": f"{rel}/preview.mp4", **extra,
+                            "frames_dir": f"{rel}/frames", "mp4": mp4, **extra,
                             "sha256": digest, "num_frames_written": int(frames.shape[0]),
                             "implementation": _implementation(item, req, model, method_options),
                             "grouping_actions": {str(k): v for k, v in sorted(active.actions.items())},
@@ -315,7 +323,9 @@ def _finished(root: Path, item: Item, signature: dict[str, Any]) -> bool:
     frames = root / row["frames_dir"]
     if row.get("frames_npy") and not (root / row["frames_npy"]).is_file():
         return False
-    return frames.is_dir() and frames_sha256(frames) == row.get("sha256") and (root / row["mp4"]).is_file()
+    if row.get("mp4") and not (root / row["mp4"]).is_file():
+        return False
+    return frames.is_dir() and frames_sha256(frames) == row.get("sha256")
 
 
 def clip_error(e: BaseException, steps_done: int, steps: int) -> str:

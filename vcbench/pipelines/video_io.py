@@ -9,6 +9,7 @@ against the files on disk without decoding anything.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -53,6 +54,13 @@ def write_npy(path: Path, array: np.ndarray) -> None:
     with open(tmp, "wb") as f:
         np.save(f, array, allow_pickle=False)
     os.replace(tmp, path)
+
+
+def can_write_mp4() -> bool:
+    """Whether PyAV is importable. It is a declared dependency, but GPU images run from a source
+    tree (`ENV=system`) may lack it; the preview is for people and never scored, so a clip is
+    made without one rather than lost."""
+    return importlib.util.find_spec("av") is not None
 
 
 def write_mp4(frames: np.ndarray, path: Path, fps: int = 16) -> None:
