@@ -43,7 +43,13 @@ from vcbench.pipelines.loaded import ClipSettings, LoadedModel, nonfinite_frames
 from vcbench.pipelines.patch import SCHEDULE_OPTIONS, compile_denoisers, compile_seconds, patch
 from vcbench.pipelines.progress import ClipProgress
 from vcbench.pipelines.prompts import Prompt
-from vcbench.pipelines.video_io import can_write_mp4, frames_sha256, write_frames, write_mp4, write_npy
+from vcbench.pipelines.video_io import (
+    can_write_mp4,
+    frames_sha256,
+    write_frames,
+    write_mp4,
+    write_npy,
+)
 from vcbench.runs import RunFolder, sole_writer, write_json
 
 ROW = "row.json"
