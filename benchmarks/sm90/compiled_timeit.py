@@ -69,8 +69,9 @@ def main():
         t = time_kernels(fn, args.warmup_s, args.window_s)
         ms = t.median_ms(t.main_kernel())
         table.append(dict(method=method, implementation=impl, ms=ms,
-                         tflops=flops / (ms * 1e-3) / 1e12, note=note))
-        print(f"{method:16s} {impl:26s} {ms:9.2f} ms {note}", flush=True)
+                         tflops=flops / (ms * 1e-3) / 1e12, sm_mhz=t.sm_mhz, power_w=t.power_w,
+                         note=note))
+        print(f"{method:16s} {impl:26s} {ms:9.2f} ms {t.sm_mhz:5.0f} MHz {note}", flush=True)
 
     out_b = attention(x.q, x.k, x.v, "bf16", backend="gpu")
     timed("bf16", implementation("bf16"),
@@ -107,13 +108,14 @@ def main():
     print(f"\n{args.shape} B{b} H{h} N{n} D{d}, {torch.cuda.get_device_name()}, CUPTI medians "
           f"(warm-up {args.warmup_s:g} s, window {args.window_s:g} s)"
           + ("" if ready else f"; compiled kernel not run: {compiled.status()}"))
-    print(f"{'method':16s} {'implementation':26s} {'ms':>8s} {'TFLOPS':>7s} {'vs bf16':>7s} "
-          f"{'vs sage2 128.5':>14s}  note")
+    print(f"{'method':16s} {'implementation':26s} {'ms':>8s} {'TFLOPS':>7s} {'MHz':>5s} {'W':>4s} "
+          f"{'vs bf16':>7s} {'vs sage2 128.5':>14s}  note")
     for r in table:
         r["speedup_vs_bf16"] = base / r["ms"]
         r["speedup_vs_sage2_official"] = SAGE2_OFFICIAL_MS / r["ms"]
         print(f"{r['method']:16s} {r['implementation']:26s} {r['ms']:8.2f} {r['tflops']:7.0f} "
-              f"{r['speedup_vs_bf16']:7.3f} {r['speedup_vs_sage2_official']:14.3f}  {r['note']}")
+              f"{r['sm_mhz']:5.0f} {r['power_w']:4.0f} {r['speedup_vs_bf16']:7.3f} "
+              f"{r['speedup_vs_sage2_official']:14.3f}  {r['note']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(shape=args.shape, device=torch.cuda.get_device_name(), rows=table), f,

@@ -8,6 +8,7 @@ and end of every kernel, with no host timing or launch gaps in them.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -19,10 +20,13 @@ import torch
 
 @dataclass(frozen=True)
 class KernelTimes:
-    """Durations (ms) of every kernel launched in the window, by kernel name."""
+    """Durations (ms) of every kernel launched in the window, by kernel name, and the median SM
+    clock (MHz) and power (W) the card ran the window at (NaN where NVML cannot be read)."""
 
     calls: int
     by_kernel: dict[str, list[float]]
+    sm_mhz: float = math.nan
+    power_w: float = math.nan
 
     def median_ms(self, name: str) -> float:
         return statistics.median(self.by_kernel[name])
@@ -49,12 +53,15 @@ def _run_for(fn: Callable[[], object], seconds: float, min_calls: int) -> int:
 
 def time_kernels(fn: Callable[[], object], warmup_s: float = 20.0, window_s: float = 10.0,
                  min_calls: int = 5) -> KernelTimes:
-    """Warm up for `warmup_s`, then record every kernel `fn` launches for `window_s`."""
+    """Warm up for `warmup_s`, then record every kernel `fn` launches for `window_s`, and the
+    clock and power the window ran at."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
+    from vcbench.timing.clocks import Sampler, nvml_reader
+
     _run_for(fn, warmup_s, 1)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, Sampler(nvml_reader()) as clocks:
         calls = _run_for(fn, window_s, min_calls)
     by_kernel: dict[str, list[float]] = defaultdict(list)
     for event in prof.profiler.kineto_results.events():
@@ -63,4 +70,4 @@ def time_kernels(fn: Callable[[], object], warmup_s: float = 20.0, window_s: flo
             if name.startswith("Memcpy") or name.startswith("Memset"):
                 continue
             by_kernel[name].append(event.duration_ns() / 1e6)
-    return KernelTimes(calls, dict(by_kernel))
+    return KernelTimes(calls, dict(by_kernel), clocks.sm_mhz, clocks.power_w)

@@ -4,7 +4,8 @@ For each method: the attention kernel alone (preprocessing outside the timer, as
 times it) by its per-launch median, TFLOPS = 4 B H N^2 D / t, the fused preprocessing timed
 separately (GPU time per call, every kernel it launches), the V-Smooth grouping (k-means)
 separately again (warm-started from the last centroids, as the schedule's regroups are, and
-cold), and the speedup over `bf16` measured in the same run.
+cold), the median SM clock and power of the attention window (the card's power limit sets the
+clock, so a time is read with them), and the speedup over `bf16` measured in the same run.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def time_method(name: str, x: Inputs, warmup_s: float, window_s: float) -> dict:
         whole = time_kernels(lambda: backend.run(x.q, x.k, x.v, plan, {}), warmup_s, window_s)
         row["attention_ms"] = whole.median_ms(whole.main_kernel())
         row["preprocess_ms"] = max(whole.per_call_ms() - row["attention_ms"], 0.0)
+        attn = whole
     else:
         perm = None
         if plan.vsmooth is not None:
@@ -87,6 +89,8 @@ def time_method(name: str, x: Inputs, warmup_s: float, window_s: float) -> dict:
         attn = time_kernels(lambda: backend.run_prepared(ops, plan, out), warmup_s, window_s)
         row["attention_ms"] = attn.median_ms(attn.main_kernel())
     row["tflops"] = attention_flops(x.q) / (row["attention_ms"] * 1e-3) / 1e12
+    # the attention window's clock and power: under the card's power limit, time follows them
+    row["sm_mhz"], row["power_w"] = attn.sm_mhz, attn.power_w
     return row
 
 
