@@ -202,8 +202,7 @@ def _nvfp4_attention_fwd(Qc, Qs, Kc, Ks, Vc, Vs, QO, KO, VO, VM, BiasQ, KMean, K
 
 def launch(ops, plan, out, *, num_warps: int = 8, num_stages: int = 2):
     """Run the kernel on `nvfp4.prepare`'s operands; out (B, H, N, D), unit last stride.
-    Untuned (timed on the H200 before the divisions became one per row and group: 0.9-1.3 s at
-    the Wan2.2 shape, docs/perf.md)."""
+    Untuned: 0.84-1.19 s a call at the Wan2.2 shape on the H200 (docs/perf.md)."""
     b, h, _, d = out.shape
     spare = ops.q_scale  # any pointer, for the arguments a switch leaves unread
     bias = ops.bias_q is not None
