@@ -274,6 +274,36 @@ def test_grouping_schedule_compiles_once_over_a_20_step_run(tiny):
         assert torch.equal(got, want)
 
 
+# Regional compilation (diffusers' `compile_repeated_blocks`: each block compiled, one graph
+# serving all): the block that starts a transformer call holds `patch_begin`, the rest do not,
+# so two graphs, whatever the number of blocks or what the schedule does.
+GRAPHS_PER_REGIONAL = 2
+
+
+def test_regional_compile_is_two_graphs_for_every_block_and_step(tiny):
+    import types
+
+    config = dict(tiny.pipe.transformer.config)
+    torch.manual_seed(0)
+    model = type(tiny.pipe.transformer).from_config({**config, "num_layers": 4}).eval()
+    pipe = types.SimpleNamespace(transformer=model, scheduler=tiny.pipe.scheduler)
+    with vcbench.patch(pipe, "vc-8bit") as p:
+        eager = _schedule_run(tiny, model)
+        actions = dict(p.actions)
+    torch._dynamo.reset()
+    graphs = _Graphs()
+    model.compile_repeated_blocks(backend=graphs, fullgraph=True)
+    with vcbench.patch(pipe, "vc-8bit") as p:
+        outs = _schedule_run(tiny, model)
+    torch._dynamo.reset()
+    assert set(actions.values()) == {"regroup", "reuse", "plain"} and p.actions == actions
+    assert len(graphs.dynamo_graphs) == GRAPHS_PER_REGIONAL
+    assert dict(p.routed) == {f"transformer.blocks.{i}.attn1": STEPS for i in range(4)}
+    assert dict(p.plain) == {f"transformer.blocks.{i}.attn2": STEPS for i in range(4)}
+    for got, want in zip(outs, eager, strict=True):
+        assert torch.equal(got, want)
+
+
 # ---- vcbench generate --compile ------------------------------------------------------------
 
 def test_generate_compile_records_compile_time_beside_the_wall(tmp_path):

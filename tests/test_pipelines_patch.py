@@ -194,3 +194,41 @@ def test_capture_saves_post_rope_qkv_with_grid(tmp_path):
                                          "transformer.blocks.1.attn1.step001.safetensors"]
     t = load_tensors(written[0])
     assert t.q.shape == t.k.shape == t.v.shape == (1, 2, 128, 128) and t.grid == (2, 8, 8)
+
+
+class _Raising(torch.nn.Module):
+    """An attention module (it has a processor, as diffusers' do) that can fail after its SDPA
+    call, as one that runs out of memory does."""
+
+    processor = None
+
+    def __init__(self):
+        super().__init__()
+        self.fail = False
+
+    def set_processor(self, processor):
+        self.processor = processor
+
+    def forward(self, x):
+        out = torch.nn.functional.scaled_dot_product_attention(x, x, x)
+        if self.fail:
+            raise RuntimeError("out of memory")
+        return out
+
+
+def test_after_an_attention_module_raises_no_other_sdpa_call_is_routed():
+    attn = _Raising()
+    model = torch.nn.Sequential(attn)
+    x = torch.randn(1, 2, 64, 64, generator=torch.Generator().manual_seed(0))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(x, x, x)
+    with vcbench.patch(model, "sage2-8bit") as p:
+        attn.fail = True
+        with pytest.raises(RuntimeError, match="out of memory"):
+            model(x)
+        assert dict(p.routed) == {"transformer.0": 1}
+        # an SDPA call after the failed transformer call (a text encoder's) is SDPA's own
+        assert torch.equal(torch.nn.functional.scaled_dot_product_attention(x, x, x), sdpa)
+        attn.fail = False
+        routed = model(x)
+        assert dict(p.routed) == {"transformer.0": 2} and not torch.equal(routed, sdpa)
+    assert torch.equal(model(x), sdpa)

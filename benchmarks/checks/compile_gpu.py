@@ -9,6 +9,8 @@ call), patched with `vcbench.patch(pipe, method, backend="gpu")`:
   inductor `torch.compile(fullgraph=True)`: compile time, the largest difference from eager
            (attention is the op's own bits, Inductor reassociates the rest), and the eager and
            compiled transformer call's time (median of 20, CUDA events);
+  regional the same by diffusers' `compile_repeated_blocks` (each block compiled, one graph
+           serving all; the goal: 2 graphs);
   graphs   `mode="reduce-overhead"` with graph partitioning off, then on (torch's default):
            runs and matches eager, and Inductor's CUDA-graph skips. The patch ops are
            cudagraph_unsafe by design (their bodies hold the run's state): off, a graph
@@ -110,6 +112,29 @@ def check_method(tiny, method: str, device: str) -> dict:
             row["inductor_repeat_equal"] = bool(torch.equal(_call(compiled, inputs), out))
             row["compiled_ms"] = _ms(lambda: _call(compiled, inputs))
 
+        def regional():
+            # diffusers' compile_repeated_blocks: one compiled block serving every block (the
+            # goal: 2 graphs, the block that starts the call holds patch_begin)
+            from torch._inductor.compile_fx import compile_fx
+
+            graphs = []
+
+            def backend(gm, example_inputs):
+                graphs.append(gm)
+                return compile_fx(gm, example_inputs)
+            model.compile_repeated_blocks(backend=backend, fullgraph=True)
+            try:
+                t0 = time.perf_counter()
+                out = _call(model, inputs)
+                _sync()
+                row["regional_compile_s"] = round(time.perf_counter() - t0, 1)
+                row["regional_graphs"] = len(graphs)
+                row["regional_diff"] = _diff(out, eager)
+                row["regional_ms"] = _ms(lambda: _call(model, inputs))
+            finally:
+                for m in model.modules():
+                    m._compiled_call_impl = None
+
         def graphed(partition: bool):
             # reduce-overhead: the patch ops are cudagraph_unsafe (their bodies hold the run's
             # state). With Inductor's graph partitioning (the default since torch 2.9) the
@@ -139,6 +164,7 @@ def check_method(tiny, method: str, device: str) -> dict:
 
         torch._dynamo.reset()
         _stage(row, "explain", explain)
+        _stage(row, "regional", regional)
         _stage(row, "inductor", inductor)
         _stage(row, "cudagraph", lambda: graphed(False))
         _stage(row, "partition", lambda: graphed(True))
@@ -235,6 +261,7 @@ def main() -> int:
         print(json.dumps(report["overhead"][-1]), flush=True)
     save()
     cols = ("graphs", "breaks", "compile_s", "inductor_diff", "eager_ms", "compiled_ms",
+            "regional_graphs", "regional_ms",
             "cudagraph_ms", "cudagraph_skips", "partition_ms", "partition_skips")
     print("\n" + f"{'method':<15}" + "".join(f"{c:>16}" for c in cols))
     for r in report["methods"]:

@@ -98,9 +98,9 @@ def _(x, patch, grid):
 @torch.library.custom_op("vcbench::patched_attention", mutates_args=(), tags=_STATEFUL)
 def _patched_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        attn_mask: torch.Tensor | None, begun: torch.Tensor, patch: int,
-                       route: str, scale: float | None) -> torch.Tensor:
+                       route: torch.Tensor, scale: float | None) -> torch.Tensor:
     # `begun` (patch_begin's result) is unused here: it orders this call after patch_begin.
-    return _PATCHES[patch]._routed_call(route, q, k, v, attn_mask, scale).contiguous()
+    return _PATCHES[patch]._routed_call(int(route), q, k, v, attn_mask, scale).contiguous()
 
 
 @_patched_attention.register_fake
@@ -112,10 +112,11 @@ def _(q, k, v, attn_mask, begun, patch, route, scale):
 # it runs: a counter bumped in traced code is a guard on its value, a recompile every call.
 @torch.library.custom_op("vcbench::plain_attention", mutates_args=(), tags=_STATEFUL)
 def _plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     attn_mask: torch.Tensor | None, begun: torch.Tensor, patch: int, route: str,
-                     dropout_p: float, is_causal: bool, scale: float | None,
+                     attn_mask: torch.Tensor | None, begun: torch.Tensor, patch: int,
+                     route: torch.Tensor, dropout_p: float, is_causal: bool, scale: float | None,
                      enable_gqa: bool) -> torch.Tensor:
-    _PATCHES[patch].plain[route] += 1
+    patched = _PATCHES[patch]
+    patched.plain[patched._route_list[int(route)].name] += 1
     return _SDPA(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                  scale=scale, enable_gqa=enable_gqa)
 
@@ -140,8 +141,15 @@ class _RunState:
 
 @dataclass
 class _Route:
+    """One attention module. `key` names it to the ops: a CPU int64 scalar, not the name as a
+    string, because a traced string is a constant Dynamo guards on, and regional compilation
+    (one compiled block serving every block, diffusers' `compile_repeated_blocks`) would then
+    recompile once per block; a tensor is a graph input, guarded on its metadata only, and a
+    CPU one is read without a device sync."""
+
     name: str
     cross: bool
+    key: torch.Tensor
 
 
 class _Intercept(TorchFunctionMode):
@@ -187,7 +195,7 @@ class AttentionPatch:
         self._saved_processors: dict[torch.nn.Module, Any] = {}
         self._pinned_cores: list[tuple[torch.nn.Module, str]] = []
         self._modes: list[_Intercept] = []
-        self._routes: dict[str, _Route] = {}
+        self._route_list: list[_Route] = []  # by key
         self._begun: torch.Tensor | None = None  # patch_begin's result for the current call
         self._grid: tuple[int, int, int] | None = None
         self._id = next(_NEXT_ID)
@@ -208,6 +216,11 @@ class AttentionPatch:
         for tname, model in transformers.items():
             self._handles.append(model.register_forward_pre_hook(self._on_transformer,
                                                                  with_kwargs=True))
+            # An attention module that raises skips its forward hook, leaving its mode on; this
+            # one runs even then, before any code after the transformer can call SDPA. (The
+            # attention modules' own hooks are not always_call: that is a guard on each hook's
+            # id, so a compiled block would recompile for every other block.)
+            self._handles.append(model.register_forward_hook(self._unwind, always_call=True))
             for mname, module in model.named_modules():
                 core = _sdpa_core(module)
                 if core is None and not _is_attention(module):
@@ -216,14 +229,15 @@ class AttentionPatch:
                     self.restore()
                     raise UserError(f"route_cross: {type(module).__name__} modules ({tname}.{mname}) are "
                                     "routed as self-attention only; this model's cross-attention cannot be")
-                route = _Route(f"{tname}.{mname}", bool(getattr(module, "is_cross_attention", False)))
-                self._routes[route.name] = route
+                route = _Route(f"{tname}.{mname}", bool(getattr(module, "is_cross_attention", False)),
+                               torch.tensor(len(self._route_list)))
+                self._route_list.append(route)
                 if core is not None:
                     self._pin_sdpa(module, core)
                 else:
                     self._pin_native(module)
                 self._handles.append(module.register_forward_pre_hook(self._enter(route)))
-                self._handles.append(module.register_forward_hook(self._leave, always_call=True))
+                self._handles.append(module.register_forward_hook(self._leave))
         self._applied = True
         return self
 
@@ -237,9 +251,8 @@ class AttentionPatch:
         for module, name in self._pinned_cores:  # the class's own method shows again
             module.__dict__.pop(name, None)
         self._pinned_cores.clear()
-        while self._modes:  # only after an exception that skipped a forward hook
-            self._modes.pop().__exit__(None, None, None)
-        self._routes.clear()
+        self._unwind(None, None, None)  # a patch removed mid-call (an exception in a hook)
+        self._route_list.clear()
         self._begun = self._grid = None
         self._applied = False
 
@@ -310,6 +323,10 @@ class AttentionPatch:
         if self._modes:
             self._modes.pop().__exit__(None, None, None)
 
+    def _unwind(self, model, args, output):
+        while self._modes:  # only after an attention module raised
+            self._modes.pop().__exit__(None, None, None)
+
     # -- the attention call -------------------------------------------------------------------
 
     def _sdpa(self, route: _Route, query, key, value, attn_mask=None, dropout_p=0.0,
@@ -326,15 +343,15 @@ class AttentionPatch:
                                                         None if grid is None else list(grid))
         if plain:
             return torch.ops.vcbench.plain_attention(
-                query, key, value, attn_mask, self._begun, self._id, route.name, float(dropout_p),
+                query, key, value, attn_mask, self._begun, self._id, route.key, float(dropout_p),
                 bool(is_causal), None if scale is None else float(scale), bool(enable_gqa))
         return torch.ops.vcbench.patched_attention(query, key, value, attn_mask, self._begun,
-                                                   self._id, route.name,
+                                                   self._id, route.key,
                                                    None if scale is None else float(scale))
 
-    def _routed_call(self, name: str, query, key, value, attn_mask, scale):
+    def _routed_call(self, index: int, query, key, value, attn_mask, scale):
         """The body of `vcbench::patched_attention`: runs when the call runs, never traced."""
-        route = self._routes[name]
+        route = self._route_list[index]
         self.routed[route.name] += 1
         if self.observe is not None:
             s = self.state
