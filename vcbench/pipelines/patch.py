@@ -230,7 +230,7 @@ class AttentionPatch:
                     raise UserError(f"route_cross: {type(module).__name__} modules ({tname}.{mname}) are "
                                     "routed as self-attention only; this model's cross-attention cannot be")
                 route = _Route(f"{tname}.{mname}", bool(getattr(module, "is_cross_attention", False)),
-                               torch.tensor(len(self._route_list)))
+                               torch.tensor(len(self._route_list), device="cpu"))
                 self._route_list.append(route)
                 if core is not None:
                     self._pin_sdpa(module, core)
