@@ -36,13 +36,12 @@ import triton.language as tl
 
 from vcbench.kernels.backends.triton.nvfp4 import OUTER_DIVISOR, microscale, round_e2m1_twice
 
-# SageAttention3's s1 = rowmax(P~) / (448 * 6)
 TWO_64 = tl.constexpr(18446744073709551616.0)  # 2^64, exact scaling of dividend and divisor
 # RN(1 / (1 + m/8)) in FP32 for an E4M3 value's three mantissa bits m (the reciprocal of a
 # microscale is one of these times a power of two)
 _R = [float(np.float32(1) / np.float32(1 + m / 8)) for m in range(8)]
 R1, R2, R3, R4, R5, R6, R7 = (tl.constexpr(r) for r in _R[1:])
-# s1's divisor 448 * 6 scaled by 2^64, and its RN reciprocal
+# SageAttention3's s1 = rowmax(P~) / (448 * 6): the divisor scaled by 2^64, and its RN reciprocal
 P_ROW_DIVISOR_UP = tl.constexpr(OUTER_DIVISOR * 2.0**64)
 P_ROW_RECIP_UP = tl.constexpr(float(np.float32(1) / np.float32(OUTER_DIVISOR * 2.0**64)))
 
