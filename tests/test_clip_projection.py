@@ -21,6 +21,10 @@ def _parts(rows):
     return pd.DataFrame(rows)
 
 
+ALL = {"all": "cudnn-sdpa"}
+VC = {"regroup": "vcbench-triton", "reuse": "vcbench-triton", "plain": "vcbench-triton"}
+
+
 def test_step_kinds_follow_the_papers_grouping_schedule():
     # 40 steps, first 25% group (steps 0-9), regroup on every 4th of them: 0, 4, 8.
     kinds = cp.step_kinds("vc-8bit", 40)
@@ -37,9 +41,9 @@ def test_projection_golden_values():
     # vc-8bit: 2 x (3 x 12.5 + 7 x 11.5 + 30 x 10.0) = 2 x 418.0 = 836.0 s; clip 866.1 s.
     kinds = cp.step_kinds("vc-8bit", 40)
     rows = [cp.part_row("text_encode", "-", "all", [0.05, 0.04, 0.06], calls=2),
-            *cp.transformer_rows("bf16", "cudnn-sdpa", {"all": list(range(40))},
+            *cp.transformer_rows("bf16", ALL, {"all": list(range(40))},
                                  {"all": [11.0]}, cfg_passes=2),
-            *cp.transformer_rows("vc-8bit", "vcbench-triton", kinds,
+            *cp.transformer_rows("vc-8bit", VC, kinds,
                                  {"regroup": [12.5], "reuse": [11.0, 11.5, 12.0],
                                   "plain": [10.0, 10.0]}, cfg_passes=2),
             cp.part_row("vae_decode", "-", "untiled", [30.0], calls=1)]
@@ -60,6 +64,21 @@ def test_projection_golden_values():
     assert table.loc["vc-8bit", "denoise_speedup_vs_bf16"] == pytest.approx(880.0 / 836.0)
     assert table.loc["bf16", "clip_speedup_vs_bf16"] == 1.0
     assert cp.projection_table(parts, speedups=False).clip_speedup_vs_bf16.isna().all()
+    assert dict(table.implementation) == {"bf16": "cudnn-sdpa", "vc-8bit": "vcbench-triton"}
+
+
+def test_a_method_whose_steps_ran_on_two_backends_names_both():
+    # A V-Smooth method's plain steps are another plan; where one backend takes the grouping
+    # steps and another the plain ones, the projection says so instead of naming the first.
+    kinds = cp.step_kinds("vc-8bit-fp8qk", 40)
+    mixed = {"regroup": "vcbench-sm90", "reuse": "vcbench-sm90", "plain": "vcbench-triton"}
+    rows = cp.transformer_rows("vc-8bit-fp8qk", mixed, kinds,
+                               {"regroup": [9.0], "reuse": [8.6], "plain": [11.0]}, 2)
+    assert [r["implementation"] for r in rows] == ["vcbench-sm90", "vcbench-sm90", "vcbench-triton"]
+    table = cp.projection_table(_parts(rows), speedups=False)
+    assert table.implementation.tolist() == ["vcbench-sm90 + vcbench-triton"]
+    # off the GPU every kind is the backend asked for
+    assert cp.kind_implementations("vc-8bit", kinds, "emulate") == dict.fromkeys(kinds, "emulate")
 
 
 def test_compiled_speedups_are_over_the_compiled_bf16():
@@ -69,12 +88,12 @@ def test_compiled_speedups_are_over_the_compiled_bf16():
     kinds = cp.step_kinds("vc-8bit", 40)
     shared = [cp.part_row("text_encode", "-", "all", [0.05], calls=2),
               cp.part_row("vae_decode", "-", "untiled", [30.0], calls=1)]
-    eager = [*cp.transformer_rows("bf16", "cudnn-sdpa", {"all": list(range(40))}, {"all": [11.0]}, 2),
-             *cp.transformer_rows("vc-8bit", "vcbench-triton", kinds,
+    eager = [*cp.transformer_rows("bf16", ALL, {"all": list(range(40))}, {"all": [11.0]}, 2),
+             *cp.transformer_rows("vc-8bit", VC, kinds,
                                   {"regroup": [12.5], "reuse": [11.5], "plain": [10.0]}, 2)]
-    compiled = [*cp.transformer_rows("bf16", "cudnn-sdpa", {"all": list(range(40))}, {"all": [8.0]}, 2,
+    compiled = [*cp.transformer_rows("bf16", ALL, {"all": list(range(40))}, {"all": [8.0]}, 2,
                                      compile_s={"all": 95.0}),
-                *cp.transformer_rows("vc-8bit", "vcbench-triton", kinds,
+                *cp.transformer_rows("vc-8bit", VC, kinds,
                                      {"regroup": [9.0], "reuse": [8.0], "plain": [7.0]}, 2,
                                      compile_s={"regroup": 120.0, "reuse": 0.0, "plain": 0.0})]
     parts = _parts([shared[0], *({"compiled": False, **r} for r in eager), *compiled, shared[1]])
@@ -255,8 +274,8 @@ def _gpu_like_runs(root):
     with RunFolder.create(root / "timeit", "timeit", {"shape": "wan22-720p"}) as run:
         run.table("timeit", speed)
     rows = [cp.part_row("text_encode", "-", "all", [0.05], 2),
-            *cp.transformer_rows("bf16", "cudnn-sdpa", {"all": list(range(40))}, {"all": [11.0]}, 2),
-            *cp.transformer_rows("vc-8bit", "vcbench-triton", cp.step_kinds("vc-8bit", 40),
+            *cp.transformer_rows("bf16", ALL, {"all": list(range(40))}, {"all": [11.0]}, 2),
+            *cp.transformer_rows("vc-8bit", VC, cp.step_kinds("vc-8bit", 40),
                                  {"regroup": [12.5], "reuse": [11.5], "plain": [10.0]}, 2),
             cp.part_row("vae_decode", "-", "untiled", [30.0], 1)]
     parts = pd.DataFrame(rows)

@@ -5,6 +5,7 @@ The layout tests mirror, in Python, the index maps written in csrc/sm90/: if one
 the other must, and these tests say whether they still fit together.
 """
 
+import dataclasses
 import math
 import re
 import warnings
@@ -13,11 +14,12 @@ import numpy as np
 import pytest
 
 from vcbench.errors import UserError
-from vcbench.kernels import backends, get_method
+from vcbench.kernels import backends, get_method, list_methods
 from vcbench.kernels.backends import sm90
 from vcbench.kernels.backends.common import kernel_preference
 from vcbench.kernels.backends.sm90 import compiled
 from vcbench.kernels.backends.triton.operands import kernel_switches
+from vcbench.kernels.spec.vsmooth import PLAIN_STEP_OPTIONS
 
 # ---- build bookkeeping -------------------------------------------------------------------
 
@@ -115,13 +117,25 @@ def test_supported_plans(method, supported):
 
 
 def test_fp8_scores_run_only_in_the_combinations_compiled():
-    # FP8 scores exist as vc-8bit-fp8qk's instance (ExpCast, V-Smooth) and fp8-fa4's (exp2, a
-    # V scale per tile); other combinations say which instance is missing
+    # FP8 scores exist for vc-8bit-fp8qk (ExpCast, V-Smooth or not) and fp8-fa4 (exp2, a V
+    # scale per tile); other combinations say which instance is missing
     assert compiled.unsupported_reason(get_method("fp8-fa4").plan({"hadamard_qk": True})) is None
-    reason = compiled.unsupported_reason(get_method("vc-8bit-fp8qk").plan({"vsmooth": False}))
-    assert reason == "no compiled instance for ExpCast, no V-Smooth, FP8, V per channel"
+    per_channel_v = dataclasses.replace(get_method("fp8-fa4").plan(), v=get_method("vc-8bit").plan().v)
+    reason = compiled.unsupported_reason(per_channel_v)
+    assert reason == "no compiled instance for exp2, no V-Smooth, FP8, V per channel"
     # every instance listed is a combination some registered plan needs, and each is distinct
-    assert len(set(compiled.INSTANCES)) == len(compiled.INSTANCES) == 6
+    assert len(set(compiled.INSTANCES)) == len(compiled.INSTANCES) == 7
+
+
+@pytest.mark.parametrize("method", [m for m in list_methods() if get_method(m).plan().vsmooth])
+def test_a_v_smooth_methods_plain_steps_run_on_the_same_kernel(method):
+    # A schedule's plain steps call the method without V-Smooth; if the compiled kernel took
+    # the grouping steps but not those, they would run on the next backend unnoticed.
+    if compiled.unsupported_reason(get_method(method).plan()) is not None:
+        pytest.skip(f"{method} is not a compiled-kernel method")
+    plain = get_method(method).plan(PLAIN_STEP_OPTIONS)
+    assert plain.vsmooth is None
+    assert compiled.unsupported_reason(plain) is None
 
 
 def test_launch_table_lists_the_python_instances():

@@ -73,6 +73,7 @@ def test_compiled_matches_emulation(built, method, n, kind):
 @pytest.mark.parametrize("method, options", [("sage2-8bit", {}),
                                              ("sage2-8bit", {"q_granularity": "block"}),
                                              ("vc-8bit", {"vsmooth": False}),
+                                             ("vc-8bit-fp8qk", {"vsmooth": False}),
                                              ("vc-8bit", {"q_granularity": "block"}),
                                              ("fp8-fa4", {"hadamard_qk": True})])
 def test_other_plans_it_covers(built, method, options):

@@ -58,7 +58,7 @@ from torch.overrides import TorchFunctionMode
 
 from vcbench.errors import UserError
 from vcbench.kernels import attention, get_method, group
-from vcbench.kernels.spec.vsmooth import Grouping, GroupingSchedule
+from vcbench.kernels.spec.vsmooth import PLAIN_STEP_OPTIONS, Grouping, GroupingSchedule
 
 # Attention modules outside diffusers, by (module, class): the method computing attention from
 # post-RoPE (B, H, N, D) q, k, v (with the module's `scale`). Only self-attention is listed.
@@ -392,7 +392,7 @@ class AttentionPatch:
         action = schedule.action(s.step)
         self.actions[s.step] = action
         if action == "plain":
-            return {"vsmooth": False}
+            return dict(PLAIN_STEP_OPTIONS)
         key = (route.name, s.pass_index)
         cached = self.groupings.get(key)
         fits = cached is not None and cached.permutation.shape == v.shape[:-1]

@@ -56,7 +56,7 @@ import torch
 
 from vcbench.errors import UserError
 from vcbench.kernels import get_method
-from vcbench.kernels.spec.vsmooth import GroupingSchedule
+from vcbench.kernels.spec.vsmooth import PLAIN_STEP_OPTIONS, GroupingSchedule
 from vcbench.pipelines.wan import GUIDANCE, GUIDANCE_LOW_NOISE, WAN22_DEFAULTS
 
 COMMAND = "project-clip"
@@ -146,13 +146,25 @@ def part_row(part: str, method: str, kind: str, samples: list[float], calls: int
             "sample_min_s": min(samples), "sample_max_s": max(samples), "total_s": calls * call_s}
 
 
-def transformer_rows(method: str, implementation: str, kinds: dict[str, list[int]],
+def kind_implementations(method: str, kinds, backend: str) -> dict[str, str]:
+    """What runs each kind of step's attention: a plain step is the method without V-Smooth,
+    a plan a backend may not take (it would run on the next backend that does)."""
+    if backend != "gpu":
+        return {kind: backend for kind in kinds}
+    from vcbench.kernels import implementation
+
+    return {kind: implementation(method, PLAIN_STEP_OPTIONS if kind == "plain" else None) or "?"
+            for kind in kinds}
+
+
+def transformer_rows(method: str, implementations: dict[str, str], kinds: dict[str, list[int]],
                      samples: dict[str, list[float]], cfg_passes: int,
                      compile_s: dict[str, float] | None = None) -> list[dict[str, Any]]:
-    """The rows of one method's timed calls; `compile_s` (seconds per kind, spent in that
-    kind's warm-up call and so in none of its samples) marks them as a compiled transformer's."""
+    """The rows of one method's timed calls, each with what ran its kind of step
+    (`kind_implementations`); `compile_s` (seconds per kind, spent in that kind's warm-up call
+    and so in none of its samples) marks them as a compiled transformer's."""
     rows = [part_row("transformer", method, kind, samples[kind], len(steps) * cfg_passes,
-                     implementation, steps=len(steps)) for kind, steps in kinds.items()]
+                     implementations[kind], steps=len(steps)) for kind, steps in kinds.items()]
     for r in rows if compile_s is not None else ():
         r.update(compiled=True, compile_s=compile_s[r["kind"]])
     return rows
@@ -182,7 +194,7 @@ def _projection(parts: pd.DataFrame, speedups: bool) -> pd.DataFrame:
     rows = []
     for method, mine in parts[parts.part == "transformer"].groupby("method", sort=False):
         denoise = float(mine.total_s.sum())
-        rows.append({"method": method, "implementation": mine.implementation.iloc[0],
+        rows.append({"method": method, "implementation": " + ".join(dict.fromkeys(mine.implementation)),
                      "text_encode_s": text, "denoise_s": denoise, "vae_decode_s": vae,
                      "clip_s": text + denoise + vae,
                      "transformer_calls": int(mine.calls_in_clip.sum())})
@@ -339,11 +351,10 @@ def time_transformer_method(model, spec: ClipSpec, method: str, repeats: int, ba
     compiled (`compile_denoisers`) after a full warm-up call per kind instead (a one-block
     model would be another graph); the model is uncompiled and unpatched on return."""
     import vcbench
-    from vcbench.kernels import implementation as gpu_implementation
     from vcbench.pipelines.patch import compile_denoisers, compile_seconds
 
     kinds = step_kinds(method, spec.steps)
-    implementation = gpu_implementation(method) if backend == "gpu" else backend
+    implementations = kind_implementations(method, kinds, backend)
     g = torch.Generator(device="cpu").manual_seed(seed)
     latent = torch.randn(spec.latent_shape(), generator=g).to(device, dtype)
     text = torch.randn(1, spec.text_tokens, spec.transformer["text_dim"], generator=g).to(device, dtype)
@@ -372,7 +383,7 @@ def time_transformer_method(model, spec: ClipSpec, method: str, repeats: int, ba
             with first_blocks(model, 1):
                 for steps in kinds.values():
                     call(steps[0])
-            return transformer_rows(method, implementation or "?", kinds, timed_kinds(p),
+            return transformer_rows(method, implementations, kinds, timed_kinds(p),
                                     spec.cfg_passes)
         uncompile = compile_denoisers(holder)
         # Past Dynamo's recompile limit the transformer would run eager, unsaid: an error instead.
@@ -383,7 +394,7 @@ def time_transformer_method(model, spec: ClipSpec, method: str, repeats: int, ba
                     compiling = compile_seconds()
                     call(steps[0])
                     compile_s[kind] = compile_seconds() - compiling
-                return transformer_rows(method, implementation or "?", kinds, timed_kinds(p),
+                return transformer_rows(method, implementations, kinds, timed_kinds(p),
                                         spec.cfg_passes, compile_s)
         finally:
             uncompile()  # before the patch is restored, as generate does
@@ -501,7 +512,7 @@ def project_clip(req: Request, out: Path, spec: ClipSpec = WAN22_720P,
                 say(f"transformer {item} FAILED (its traceback is in the manifest):\n"
                     f"{failed[item]}")
             else:
-                run.record(item, "ok", implementation=new[0]["implementation"])
+                run.record(item, "ok", implementation=" + ".join(dict.fromkeys(r["implementation"] for r in new)))
                 done([{"compiled": False, **r} for r in new] if req.compile else new,
                      f"transformer {method}")
             _free(device)

@@ -39,6 +39,9 @@ class Grouping:
 
 
 Action = Literal["regroup", "reuse", "plain"]
+# The method options of a plain step: the host kernel without V-Smooth (what the patch passes,
+# and what every backend must take for a V-Smooth method's whole schedule to run on it).
+PLAIN_STEP_OPTIONS = {"vsmooth": False}
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,12 @@ MEAN_BATCH = 16  # tiles per V-Smooth mean product (forward.cuh's MEAN_BATCH)
 IMPLEMENTATION = "vcbench-sm90"
 # The compiled instances, (ExpCast, V-Smooth, FP8 scores, V scale per tile): launch.cu's
 # INSTANCES. INT8 scores with each P encoding and V-Smooth or not; FP8 scores for
-# vc-8bit-fp8qk (ExpCast, V-Smooth) and fp8-fa4 (exp2, a V scale per tile).
+# vc-8bit-fp8qk (ExpCast, V-Smooth or not: its schedule's plain steps run without) and fp8-fa4
+# (exp2, a V scale per tile). A V-Smooth method whose plain plan had no instance would run its
+# plain steps on another backend.
 INSTANCES = ((True, True, False, False), (False, True, False, False), (True, False, False, False),
-             (False, False, False, False), (True, True, True, False), (False, False, True, True))
+             (False, False, False, False), (True, True, True, False), (True, False, True, False),
+             (False, False, True, True))
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"
 
 

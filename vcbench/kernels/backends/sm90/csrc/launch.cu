@@ -85,7 +85,8 @@ void describe_into(char* text, size_t len) {
 
 // The compiled instances: INT8 scores with each (P encoding, V-Smooth) (vc-8bit with and
 // without V-Smooth, vc-8bit-vsmooth, sage2-8bit), and FP8 scores for vc-8bit-fp8qk (ExpCast,
-// V-Smooth) and fp8-fa4 (exp2, a V scale per tile). compiled.INSTANCES lists the same.
+// with V-Smooth and without: a schedule's plain steps) and fp8-fa4 (exp2, a V scale per
+// tile). compiled.INSTANCES lists the same.
 struct Instance {
   bool expcast, vsmooth, qk_fp8, v_per_tile;
   const char* (*launch)(const CUtensorMap (&)[4], const Params&, dim3, cudaStream_t);
@@ -98,7 +99,7 @@ constexpr Instance instance() {
 }
 constexpr Instance INSTANCES[] = {instance<true, true>(), instance<false, true>(),
                                   instance<true, false>(), instance<false, false>(),
-                                  instance<true, true, true>(),
+                                  instance<true, true, true>(), instance<true, false, true>(),
                                   instance<false, false, true, true>()};
 // The CTA shape is the same in every instance (forward's grid and Q's box).
 constexpr int BM = Traits<true, true>::BM;
