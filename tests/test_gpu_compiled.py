@@ -120,3 +120,17 @@ def test_describe_reports_no_local_memory(built):
     lines = text.splitlines()
     assert len(lines) == len(compiled.INSTANCES), text
     assert all(" 0 B local" in line for line in lines), text
+
+
+@pytest.mark.parametrize("method", ["vc-8bit", "vc-8bit-fp8qk"])
+def test_timeit_times_a_v_smooth_methods_plain_steps_on_the_same_kernel(built, method, monkeypatch):
+    """timeit's plain_ms is the kernel of the schedule's plain steps, on the compiled kernel as
+    the grouping steps are (vc-8bit-fp8qk's ran on the Triton kernel before it had one)."""
+    from vcbench.timing.timeit import Inputs, time_method
+
+    monkeypatch.setenv("VCBENCH_KERNEL", "sm90")
+    q, k, v = inputs("normal", 2048, 128, 17)
+    row = time_method(method, Inputs(q, k, v, None, "test"), 0.2, 0.2)
+    assert row["implementation"] == row["plain_implementation"] == compiled.IMPLEMENTATION
+    assert row["plain_ms"] > 0 and row["attention_ms"] > 0
+

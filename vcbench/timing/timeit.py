@@ -5,7 +5,10 @@ times it) by its per-launch median, TFLOPS = 4 B H N^2 D / t, the fused preproce
 separately (GPU time per call, every kernel it launches), the V-Smooth grouping (k-means)
 separately again (warm-started from the last centroids, as the schedule's regroups are, and
 cold), the median SM clock and power of the attention window (the card's power limit sets the
-clock, so a time is read with them), and the speedup over `bf16` measured in the same run.
+clock, so a time is read with them), and the speedup over `bf16` measured in the same run. A
+V-Smooth method also gets its schedule's plain-step kernel timed (`plain_ms`, and what runs it,
+`plain_implementation`): the method without V-Smooth, another plan, which runs most of a clip's
+steps (30 of Wan2.2's 40) and which a backend may not take.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 
 from vcbench.errors import UserError
 from vcbench.kernels import get_method
+from vcbench.kernels.spec.vsmooth import PLAIN_STEP_OPTIONS
 
 PRESETS = {  # (B, H, N, D), paper appendix A
     "wan22-720p": (1, 40, 75600, 128),
@@ -54,16 +58,25 @@ def attention_flops(q: torch.Tensor) -> float:
 
 
 def time_method(name: str, x: Inputs, warmup_s: float, window_s: float) -> dict:
+    method = get_method(name)
+    plan = method.plan()
+    row = {"method": name, **time_plan(name, plan, x, warmup_s, window_s)}
+    if plan.vsmooth is not None:  # right after the method's window: the card is warm already
+        plain = time_plan(name, method.plan(PLAIN_STEP_OPTIONS), x, min(warmup_s, 2.0), window_s)
+        row["plain_ms"], row["plain_implementation"] = plain["attention_ms"], plain["implementation"]
+    return row
+
+
+def time_plan(name: str, plan, x: Inputs, warmup_s: float, window_s: float) -> dict:
+    """One plan's kernel on the backend `attention` would choose: the columns of a row."""
     from vcbench.kernels import backends, group
     from vcbench.timing.cupti import time_kernels
 
-    method = get_method(name)
-    plan = method.plan()
     backend = backends.select(plan, tuple(x.q.shape))
     if backend is None:
         raise UserError(f"no GPU kernel for {name!r} on this machine "
                         f"({backends.why_none(plan, tuple(x.q.shape))})")
-    row = {"method": name, "implementation": backend.name}
+    row: dict = {"implementation": backend.name}
     if backend.prepare is None:  # an external kernel: its preprocessing is inside the call
         whole = time_kernels(lambda: backend.run(x.q, x.k, x.v, plan, {}), warmup_s, window_s)
         row["attention_ms"] = whole.median_ms(whole.main_kernel())
