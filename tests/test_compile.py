@@ -308,24 +308,17 @@ def test_regional_compile_is_two_graphs_for_every_block_and_step(tiny):
 
 def test_generate_compile_records_compile_time_beside_the_wall(tmp_path):
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
 
     import numpy as np
+    from cli_runs import SMALL, prompts_file, run_vcbench
 
     from vcbench.pipelines.video_io import read_frames
 
-    root = Path(__file__).resolve().parents[1]
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"id": "fox", "prompt": "a fox in snow"}\n')
     common = ["generate", "--model", "tiny-wan-random", "--methods", "vc-8bit", "--prompts",
-              prompts, "--seeds", "0,1", "--steps", "2", "--frames", "5", "--height", "128",
-              "--width", "128"]
+              prompts_file(tmp_path, {"fox": "a fox in snow"}), "--seeds", "0,1", *SMALL]
     rows = {}
     for name, extra in (("eager", []), ("compiled", ["--compile"])):
-        done = subprocess.run([sys.executable, "-m", "vcbench", *map(str, common), *extra,
-                               "--out", tmp_path / name], cwd=root, capture_output=True, text=True)
+        done = run_vcbench(*common, *extra, "--out", tmp_path / name)
         assert done.returncode == 0, done.stderr
         manifest = json.loads((tmp_path / name / "manifest.json").read_text())
         rows[name] = manifest["items"]
