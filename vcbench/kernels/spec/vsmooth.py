@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Literal
 
 import torch
@@ -41,7 +42,7 @@ class Grouping:
 Action = Literal["regroup", "reuse", "plain"]
 # The method options of a plain step: the host kernel without V-Smooth (what the patch passes,
 # and what every backend must take for a V-Smooth method's whole schedule to run on it).
-PLAIN_STEP_OPTIONS = {"vsmooth": False}
+PLAIN_STEP_OPTIONS = MappingProxyType({"vsmooth": False})  # read-only: shared by every caller
 
 
 @dataclass(frozen=True)
