@@ -157,6 +157,11 @@ def kind_implementations(method: str, kinds, backend: str) -> dict[str, str]:
             for kind in kinds}
 
 
+def joined(implementations) -> str:
+    """One label for what ran a method's steps: each name once, in order of first use."""
+    return " + ".join(dict.fromkeys(implementations))
+
+
 def transformer_rows(method: str, implementations: dict[str, str], kinds: dict[str, list[int]],
                      samples: dict[str, list[float]], cfg_passes: int,
                      compile_s: dict[str, float] | None = None) -> list[dict[str, Any]]:
@@ -194,7 +199,7 @@ def _projection(parts: pd.DataFrame, speedups: bool) -> pd.DataFrame:
     rows = []
     for method, mine in parts[parts.part == "transformer"].groupby("method", sort=False):
         denoise = float(mine.total_s.sum())
-        rows.append({"method": method, "implementation": " + ".join(dict.fromkeys(mine.implementation)),
+        rows.append({"method": method, "implementation": joined(mine.implementation),
                      "text_encode_s": text, "denoise_s": denoise, "vae_decode_s": vae,
                      "clip_s": text + denoise + vae,
                      "transformer_calls": int(mine.calls_in_clip.sum())})
@@ -512,7 +517,7 @@ def project_clip(req: Request, out: Path, spec: ClipSpec = WAN22_720P,
                 say(f"transformer {item} FAILED (its traceback is in the manifest):\n"
                     f"{failed[item]}")
             else:
-                run.record(item, "ok", implementation=" + ".join(dict.fromkeys(r["implementation"] for r in new)))
+                run.record(item, "ok", implementation=joined(r["implementation"] for r in new))
                 done([{"compiled": False, **r} for r in new] if req.compile else new,
                      f"transformer {method}")
             _free(device)
