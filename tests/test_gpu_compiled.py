@@ -132,5 +132,5 @@ def test_timeit_times_a_v_smooth_methods_plain_steps_on_the_same_kernel(built, m
     q, k, v = inputs("normal", 2048, 128, 17)
     row = time_method(method, Inputs(q, k, v, None, "test"), 0.2, 0.2)
     assert row["implementation"] == row["plain_implementation"] == compiled.IMPLEMENTATION
-    assert row["plain_ms"] > 0 and row["attention_ms"] > 0
+    assert row["plain_ms"] > 0 and row["attention_ms"] > 0 and row["plain_preprocess_ms"] > 0
 

@@ -6,9 +6,10 @@ separately (GPU time per call, every kernel it launches), the V-Smooth grouping 
 separately again (warm-started from the last centroids, as the schedule's regroups are, and
 cold), the median SM clock and power of the attention window (the card's power limit sets the
 clock, so a time is read with them), and the speedup over `bf16` measured in the same run. A
-V-Smooth method also gets its schedule's plain-step kernel timed (`plain_ms`, and what runs it,
-`plain_implementation`): the method without V-Smooth, another plan, which runs most of a clip's
-steps (30 of Wan2.2's 40) and which a backend may not take.
+V-Smooth method also gets its schedule's plain-step kernel and preprocessing timed (`plain_ms`,
+`plain_preprocess_ms`, and what runs it, `plain_implementation`): the method without V-Smooth,
+another plan, which runs most of a clip's steps (30 of Wan2.2's 40) and which a backend may
+not take.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def time_method(name: str, x: Inputs, warmup_s: float, window_s: float) -> dict:
     row = {"method": name, **time_plan(name, plan, x, warmup_s, window_s)}
     if plan.vsmooth is not None:  # right after the method's window: the card is warm already
         plain = time_plan(name, method.plan(PLAIN_STEP_OPTIONS), x, min(warmup_s, 2.0), window_s)
-        row["plain_ms"], row["plain_implementation"] = plain["attention_ms"], plain["implementation"]
+        row.update(plain_ms=plain["attention_ms"], plain_preprocess_ms=plain["preprocess_ms"],
+                   plain_implementation=plain["implementation"])
     return row
 
 
