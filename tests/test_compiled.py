@@ -15,8 +15,6 @@ import pytest
 
 from vcbench.errors import UserError
 from vcbench.kernels import backends, get_method, list_methods
-from vcbench.kernels.backends import sm90
-from vcbench.kernels.backends.common import kernel_preference
 from vcbench.kernels.backends.sm90 import compiled
 from vcbench.kernels.backends.triton.operands import kernel_switches
 from vcbench.kernels.spec.vsmooth import PLAIN_STEP_OPTIONS
@@ -133,7 +131,7 @@ def test_a_v_smooth_methods_plain_steps_run_on_the_backend_of_its_grouping_steps
     # took the grouping steps but not those would hand them to the next backend unnoticed.
     plain = get_method(method).plan(PLAIN_STEP_OPTIONS)
     assert plain.vsmooth is None
-    takes = [b for b in backends.BACKENDS if b.supports(get_method(method).plan(), None) is None]
+    takes = [b for b in backends.BACKENDS.values() if b.supports(get_method(method).plan(), None) is None]
     assert takes, f"no backend takes {method}"
     assert {b.name: b.supports(plain, None) for b in takes} == dict.fromkeys(b.name for b in takes)
 
@@ -189,9 +187,9 @@ def on_sm90(plan, head_dim=128):
 
 def test_by_default_the_compiled_kernel_runs_only_when_built_and_silently_otherwise(monkeypatch):
     monkeypatch.delenv("VCBENCH_KERNEL", raising=False)
-    assert kernel_preference() == "auto"
+    assert backends.preference() is None
     monkeypatch.setattr(compiled, "status", lambda: "compiled kernel not built; run `make kernels`")
-    sm90._fallback_note.cache_clear()
+    backends._fallback_note.cache_clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert not on_sm90(get_method("vc-8bit").plan())
@@ -199,14 +197,18 @@ def test_by_default_the_compiled_kernel_runs_only_when_built_and_silently_otherw
     monkeypatch.setattr(compiled, "status", lambda: None)
     assert on_sm90(get_method("vc-8bit").plan())
     assert not on_sm90(get_method("vc-8bit").plan(), head_dim=64)  # Triton takes D=64
+    # preferring the Triton kernel keeps the compiled one from the plans both take (the
+    # Triton kernel runs wherever the compiled one can: it needs Triton's preprocessing)
+    monkeypatch.setattr("vcbench.kernels.backends.triton.triton_ready", lambda: True)
     monkeypatch.setenv("VCBENCH_KERNEL", "triton")
-    assert not on_sm90(get_method("vc-8bit").plan())
+    assert backends.preference() is backends.TRITON
+    assert backends.select(get_method("vc-8bit").plan(), (1, 1, 256, 128)) is backends.TRITON
 
 
 def test_sm90_without_a_build_falls_back_with_one_line(monkeypatch):
     monkeypatch.setenv("VCBENCH_KERNEL", "sm90")
     monkeypatch.setattr(compiled, "status", lambda: "compiled kernel not built; run `make kernels`")
-    sm90._fallback_note.cache_clear()
+    backends._fallback_note.cache_clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert not on_sm90(get_method("vc-8bit").plan())
@@ -221,8 +223,10 @@ def test_sm90_without_a_build_falls_back_with_one_line(monkeypatch):
 
 def test_a_bad_kernel_choice_is_a_user_error(monkeypatch):
     monkeypatch.setenv("VCBENCH_KERNEL", "cutlass")
+    with pytest.raises(UserError, match="VCBENCH_KERNEL must be one of auto, fa4, .*sm90, triton"):
+        backends.preference()
     with pytest.raises(UserError, match="VCBENCH_KERNEL"):
-        kernel_preference()
+        backends.select(get_method("vc-8bit").plan())
 
 
 def test_run_without_a_build_raises_the_status_line(monkeypatch):

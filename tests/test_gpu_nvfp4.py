@@ -197,7 +197,7 @@ def test_methods_table_shows_the_kernel():
 
     rows = {r["method"]: r for r in method_table()}
     for method in ("sage3-4bit", "vc-4bit", "attnqat-tf"):
-        assert rows[method]["backends"] == f"emulate, gpu ({backends.NVFP4_IMPLEMENTATION})"
+        assert rows[method]["runs here"] == backends.NVFP4.aliases[0]
 
 
 def test_run_records_name_the_fidelity_kernel():

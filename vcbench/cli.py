@@ -34,22 +34,96 @@ _DEBUG = False
 
 
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+          plugin: list[str] = typer.Option(
+              None, "--plugin", help="Load a plugin first: a module name, a .py file or a method "
+              "file (.yaml/.toml); repeatable, and accepted after any command too. "
+              "$VCBENCH_PLUGINS adds more (separated by the path separator).")) -> None:
     global _DEBUG
     _DEBUG = debug
+
+
+_JSON = typer.Option(None, "--json", help="Also write the result as JSON here.")
+_OUT = typer.Option(None, "--out", help="Run folder (default results/<command>-<time>).")
+_TENSORS = typer.Option(None, "--tensors", help="safetensors with q, k, v (B,H,N,D) [, grid]; "
+                        "default: synthetic video-like tensors.")
 
 
 # --- vcbench methods ---------------------------------------------------------------------------
 
 @app.command()
-def methods() -> None:
-    """List the attention methods: bits of QK/PV, smoothing, P path, backends available here."""
+def methods(name: str = typer.Argument(None, help="One method: its options with defaults and "
+                                       "help, and each GPU kernel that runs it here or why not."),
+            json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """List the attention methods (built-in and plugins): QK and PV formats, P's encoding,
+    smoothing, what runs each here, and where it came from."""
+    import json as json_module
+
     import pandas as pd
 
     from vcbench.display import print_table
-    from vcbench.kernels import method_table
+    from vcbench.kernels import method_details, method_table
+    from vcbench.runs import dumps_json
 
-    print_table(pd.DataFrame(method_table()), title="attention methods")
+    if name is None:
+        rows = method_table()
+        if json:
+            print(dumps_json(rows))
+        else:
+            print_table(pd.DataFrame(rows), title="attention methods", compact=True)
+            console.print("vcbench methods NAME: a method's options and kernels", style="dim")
+        return
+    details = method_details(name)
+    if json:
+        print(dumps_json(details))
+        return
+    for key in ("method", "kind", "summary", "qk", "pv", "smoothing", "origin", "implementation",
+                "claims"):
+        if details.get(key) is not None:
+            console.print(f"{key:>14}: {details[key]}", highlight=False)
+    if details["options"]:
+        table = pd.DataFrame(details["options"])
+        table["default"] = table["default"].map(json_module.dumps)
+        print_table(table.drop(columns=[c for c in ("choices",) if c in table]), title="options")
+    for row in details.get("gpu_kernels", []):
+        state = "runs here" if row["runs_here"] else f"not here: {row['why_not']}"
+        console.print(f"  GPU kernel {row['backend']}: {state}", highlight=False)
+    if "gpu_kernels" in details and not details["gpu_kernels"]:
+        console.print("  no GPU kernel computes this plan: the emulation runs it", highlight=False)
+    for dev, why in details.get("runs", {}).items():
+        console.print(f"  on {dev}: {'runs here' if why is None else f'not here: {why}'}",
+                      highlight=False)
+
+
+# --- vcbench check-kernel ----------------------------------------------------------------------
+
+@app.command("check-kernel")
+def check_kernel(name: str = typer.Argument(..., help="An external kernel's method name (a "
+                                            "plugin's) that claims a plan."),
+                 heads: int = typer.Option(2, "--heads", min=1, help="Heads of the inputs."),
+                 grid: str = typer.Option("4,16,16", "--grid", help="Latent grid T,H,W: the "
+                                          "sequence length is their product."),
+                 seed: int = typer.Option(0, "--seed", help="Seed of the synthetic inputs."),
+                 device: str = typer.Option(None, "--device", help="cpu or cuda (default: the "
+                                            "kernel's first device)."),
+                 json: Path = _JSON) -> None:
+    """Hold an external kernel against the emulation of the plan it claims: error tiers."""
+    from vcbench.analysis.check_kernel import check_kernel as run_check
+    from vcbench.display import print_table
+    from vcbench.runs import write_json
+
+    try:
+        t, h, w = (int(x) for x in grid.split(","))
+    except ValueError:
+        raise UserError(f"--grid expects T,H,W (three integers), got {grid!r}") from None
+    result = run_check(name, heads=heads, grid=(t, h, w), seed=seed, device=device)
+    if json is not None:
+        write_json(json, result.to_json())
+    print_table(result.table(), title=f"{name} against the emulation of {result.claims}",
+                caption=result.label)
+    console.print(f"verdict: {result.verdict}", highlight=False)
+    if not result.passed:
+        sys.exit(1)
 
 
 # --- vcbench analyze ---------------------------------------------------------------------------
@@ -58,10 +132,6 @@ analyze_app = typer.Typer(help="Kernel-level analyses of the paper (Table 1, Fig
                           no_args_is_help=True)
 app.add_typer(analyze_app, name="analyze")
 
-_JSON = typer.Option(None, "--json", help="Also write the result as JSON here.")
-_OUT = typer.Option(None, "--out", help="Run folder (default results/<command>-<time>).")
-_TENSORS = typer.Option(None, "--tensors", help="safetensors with q, k, v (B,H,N,D) [, grid]; "
-                        "default: synthetic video-like tensors.")
 
 
 def _split_list(text: str | None) -> list[str] | None:
@@ -142,6 +212,7 @@ def timeit_command(
         json: Path = _JSON, out: Path = _OUT) -> None:
     """Time attention kernels with CUPTI (per-launch median) beside BF16 in one run."""
     from vcbench.display import print_table, progress_bar
+    from vcbench.kernels import REFERENCE_METHOD
     from vcbench.runs import RunFolder, default_run_dir, write_json
     from vcbench.timing.timeit import check_request, timeit
 
@@ -151,7 +222,7 @@ def timeit_command(
               "tensors": str(tensors) if tensors else None, "warmup_s": warmup_s,
               "window_s": window_s}
     with RunFolder.create(out or default_run_dir("timeit"), "timeit", config) as run:
-        with progress_bar("timing", len(set(names) | {"bf16"})) as advance:
+        with progress_bar("timing", len(set(names) | {REFERENCE_METHOD})) as advance:
             table, label = timeit(names, shape, str(tensors) if tensors else None, warmup_s,
                                   window_s, progress=advance)
         for row in table.to_dict(orient="records"):
@@ -410,12 +481,41 @@ def report(runs: list[Path] = typer.Argument(..., help="Run folders: generate (w
     print(result.out / "report.md")
 
 
+def take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(plugin specs, the other arguments): `--plugin X` / `--plugin=X` anywhere in the line,
+    so a plugin can follow the command it serves (`vcbench generate --plugin my.py ...`)."""
+    specs, rest, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest += argv[i:]
+            break
+        if arg == "--plugin":
+            if i + 1 >= len(argv):
+                raise UserError("--plugin expects a module name, a .py file or a method file")
+            specs.append(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith("--plugin="):
+            specs.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        i += 1
+    return specs, rest
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user mistakes into one line and exit 2."""
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     command = typer.main.get_command(app)
     try:
+        specs, argv = take_plugins(argv)
+        if specs:
+            from vcbench import plugins
+
+            for spec in specs:  # after the entry points and $VCBENCH_PLUGINS
+                plugins.load(spec)
         command.main(args=argv, prog_name="vcbench", standalone_mode=False)
     except typer.Exit as e:  # --help and friends
         sys.exit(e.exit_code)

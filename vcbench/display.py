@@ -23,8 +23,14 @@ def _cell(value) -> str:
     return str(value)
 
 
-def print_table(df: pd.DataFrame, title: str | None = None, caption: str | None = None) -> None:
-    table = Table(title=title, caption=caption)
+def print_table(df: pd.DataFrame, title: str | None = None, caption: str | None = None,
+                compact: bool = False) -> None:
+    """`compact`: no column rules (a wide listing that should fit 100 columns)."""
+    from rich import box
+
+    table = Table(title=title, caption=caption,
+                  **({"box": box.SIMPLE_HEAD, "collapse_padding": True, "pad_edge": False}
+                     if compact else {}))
     for col in df.columns:
         numeric = pd.api.types.is_numeric_dtype(df[col]) and not pd.api.types.is_bool_dtype(df[col])
         table.add_column(str(col), justify="right" if numeric else "left", no_wrap=True)

@@ -42,7 +42,7 @@ def _generate(s: dict, where: str) -> None:
     from vcbench.pipelines.prompts import demo_prompts_path, read_prompts
     from vcbench.pipelines.registry import MODELS
 
-    if MODELS[s["model"]].needs_path and not s["model_path"]:
+    if MODELS.get(s["model"]).needs_path and not s["model_path"]:
         raise UserError(f"{where}: model {s['model']} loads local weights: set key 'model_path' "
                         "(in the file, or `vcbench run FILE --set model_path=DIR`)")
     prompts = Path(s["prompts"]) if s["prompts"] else demo_prompts_path()

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vcbench.errors import UserError
+from vcbench.kernels import REFERENCE_METHOD
 from vcbench.runs import MANIFEST, read_manifest
-
-REFERENCE_METHOD = "bf16"
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,7 @@ def _version() -> str:
     try:
         return metadata.version("vcbench")
     except metadata.PackageNotFoundError:
-        from vcbench import __version__
+        from vcbench.version import __version__
 
         return __version__
 
@@ -213,6 +213,7 @@ class RunFolder:
             },
             "items": self.items,
             **self.extra,
+            **_plugins(),
         }
 
     def write_manifest(self, status: str) -> None:
@@ -229,6 +230,15 @@ class RunFolder:
             self.finish("ok")
         else:
             self.finish("interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed")
+
+
+def _plugins() -> dict[str, Any]:
+    """The plugins this process loaded (module or file, version or sha256, what each
+    registered), for every manifest: a run made with a plugin says so."""
+    from vcbench.registry import loaded_plugins
+
+    loaded = loaded_plugins()
+    return {"plugins": loaded} if loaded else {}
 
 
 WRITER_LOCK = ".writer.lock"

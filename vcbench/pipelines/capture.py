@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from vcbench.errors import UserError
+from vcbench.kernels import REFERENCE_METHOD
 from vcbench.pipelines.loaded import ClipSettings
 from vcbench.pipelines.patch import patch
 from vcbench.runs import atomic_write_bytes
@@ -47,7 +48,7 @@ def run_capture(model_name: str, model_path: Path | None, prompt: str, seed: int
                                                          "random_weights": str(model.random_weights)}))
         written.append(path)
 
-    with patch(model.pipe, "bf16") as p:
+    with patch(model.pipe, REFERENCE_METHOD) as p:
         p.observe = observe
         model.generate(prompt, seed, s)
     if not written:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from vcbench.errors import UserError
-from vcbench.kernels import get_method
+from vcbench.kernels import describe_method, get_method
 from vcbench.kernels.spec.vsmooth import GroupingSchedule
 from vcbench.pipelines import distributed
 from vcbench.pipelines.loaded import ClipSettings, LoadedModel, nonfinite_frames, to_uint8
@@ -378,6 +378,7 @@ def _config(req, model, settings, method_options, world) -> dict[str, Any]:
             "lora_path": str(req.lora_path) if req.lora_path else None,
             "random_weights": model.random_weights, "methods": req.methods,
             "method_options": method_options, "schedule": _schedule(req),
+            "method_info": {m: describe_method(m) for m in req.methods},
             "prompts": [asdict(p) for p in req.prompts], "seeds": req.seeds, **asdict(settings),
             "backend": req.backend, "device": str(model.device), "dtype": str(model.dtype),
             "world_size": world, **({"compile": True} if req.compile else {})}

@@ -29,6 +29,9 @@ How the swap works, and why this way:
   model with two experts (Wan2.2) shares the one scheduler.
 * The latent grid (T, H, W) is the transformer input's (frames, height, width) divided by the
   transformer's patch size, read in a pre-hook on each transformer.
+* An external kernel that asks for it (`KernelMethod.context`) gets each call's
+  `AttentionContext`: the step and step count, the CFG pass, the grid, the module's name and
+  the token segments (the grid's video tokens, and the rest of a joint sequence).
 * Under torch.compile the hooks and the mode are traced; what depends on the run's progress
   is not. A transformer call's first attention call starts with one custom op
   (`vcbench::patch_begin`: it reads the scheduler when it runs) and each routed call is
@@ -57,7 +60,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from vcbench.errors import UserError
-from vcbench.kernels import attention, get_method, group
+from vcbench.kernels import AttentionContext, KernelMethod, attention, get_method, group
 from vcbench.kernels.spec.vsmooth import PLAIN_STEP_OPTIONS, Grouping, GroupingSchedule
 
 # Attention modules outside diffusers, by (module, class): the method computing attention from
@@ -184,7 +187,9 @@ class AttentionPatch:
     def __post_init__(self) -> None:
         m = get_method(self.method)
         m.resolve(self.options)  # unknown options and bad values fail now, not mid-run
-        self.vsmooth = m.plan(self.options).vsmooth
+        kernel = isinstance(m, KernelMethod)
+        self.vsmooth = None if kernel else m.plan(self.options).vsmooth
+        self.wants_context = kernel and m.context
         self.routed: Counter[str] = Counter()  # calls computed by the method, per module
         self.plain: Counter[str] = Counter()  # calls left on SDPA (cross-attention)
         self.actions: dict[int, str] = {}  # step -> grouping action taken (V-Smooth methods)
@@ -384,7 +389,20 @@ class AttentionPatch:
             opts["sm_scale"] = float(scale)
         if self.vsmooth is not None:
             opts.update(self._grouping_options(route, v))
+        if self.wants_context:
+            opts["context"] = self.context(route.name, q.shape[-2])
         return attention(q, k, v, self.method, tensor_layout="HND", backend=self.backend, **opts)
+
+    def context(self, module: str, tokens: int) -> AttentionContext:
+        """Where the current call sits: step, pass, grid, module and token segments."""
+        s = self.state
+        segments = {"all": tokens}
+        if s.grid is not None:
+            video = s.grid[0] * s.grid[1] * s.grid[2]
+            if video <= tokens:
+                segments = {"video": video, **({"other": tokens - video} if tokens > video else {})}
+        return AttentionContext(step=s.step, num_steps=s.num_steps, pass_index=s.pass_index,
+                                grid=s.grid, module=module, segments=segments)
 
     def _grouping_options(self, route: _Route, v: torch.Tensor) -> dict[str, Any]:
         s = self.state

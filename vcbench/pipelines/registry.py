@@ -1,6 +1,7 @@
-"""Model names -> loaders. `tiny-wan` (trained weights shipped in the package) and
-`tiny-wan-random` (a seeded random init, for tests) are built in; the others load a local
-diffusers folder.
+"""Model names -> loaders: `MODELS`, a registry like the methods' (vcbench/registry.py), so a
+plugin adds a model as the built-ins are added here. `tiny-wan` (trained weights shipped in the
+package) and `tiny-wan-random` (a seeded random init, for tests) are built in; the others load a
+local diffusers folder.
 
 Every real model loads from `--model-path` with `local_files_only=True` (nothing is fetched),
 in bf16 on CUDA. The defaults are the paper's (appendix A); the CLI can override each.
@@ -16,10 +17,14 @@ import torch
 
 from vcbench.errors import UserError
 from vcbench.pipelines.loaded import LoadedModel
+from vcbench.registry import Registry
 
 
 @dataclass(frozen=True)
 class ModelEntry:
+    """`load(path, device, dtype[, lora_path]) -> LoadedModel`; `needs_path`: it reads
+    `--model-path DIR`."""
+
     name: str
     summary: str
     load: Callable[[Path | None, torch.device, torch.dtype], LoadedModel]
@@ -57,7 +62,8 @@ def _longcat(path, device, dtype):
     return load_longcat(path, device, dtype)
 
 
-MODELS = {e.name: e for e in (
+MODELS: Registry[ModelEntry] = Registry("model", "vcbench.models")
+for _e in (
     ModelEntry("tiny-wan", "WanPipeline, one expert trained on ToyVideo (packaged, 1.9 MB), "
                "320 tokens (CPU demo)", _tiny_wan, needs_path=False),
     ModelEntry("tiny-wan-random", "WanPipeline, two random-weight experts, 768 tokens (tests)",
@@ -67,7 +73,8 @@ MODELS = {e.name: e for e in (
     ModelEntry("minimax-h3", "MiniMax-H3, diffusers modular pipeline (+ 8-step LoRA)", _minimax_h3,
                takes_lora=True),
     ModelEntry("longcat-video", "LongCat-Video through its upstream package", _longcat),
-)}
+):
+    MODELS.register(_e)
 
 
 def default_device_dtype(device: str | None = None) -> tuple[torch.device, torch.dtype]:
@@ -80,8 +87,6 @@ def default_device_dtype(device: str | None = None) -> tuple[torch.device, torch
 def load_model(name: str, path: str | Path | None = None, device: str | None = None,
                lora_path: str | Path | None = None) -> LoadedModel:
     entry = MODELS.get(name)
-    if entry is None:
-        raise UserError(f"unknown model {name!r} (known: {', '.join(MODELS)})")
     if entry.needs_path:
         if path is None:
             raise UserError(f"model {name} loads local weights: pass --model-path DIR")

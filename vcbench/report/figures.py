@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from vcbench.report.tables import label, method_order  # noqa: E402
+from vcbench.report.tables import REFERENCE, label, method_order  # noqa: E402
 from vcbench.runs import atomic_write_bytes  # noqa: E402
 
 
@@ -70,14 +70,14 @@ def metric_per_model(long: pd.DataFrame, metric: str, path: Path, note: str) -> 
 
 
 def _with_fidelity_label(rows: pd.DataFrame, names: list[str] | None = None) -> list[str]:
-    """Bar names, each run on the NVFP4 fidelity kernel marked so: its time is NVFP4 computed
-    on 16-bit tensor cores, no FP4 kernel's."""
-    from vcbench.kernels.backends import NVFP4_IMPLEMENTATION
+    """Bar names, each run on a fidelity-only backend marked with its label (the NVFP4
+    kernel's time is NVFP4 computed on 16-bit tensor cores, no FP4 kernel's)."""
+    from vcbench.kernels.backends import fidelity_label
 
     names = list(rows.method) if names is None else names
     impls = rows.implementation if "implementation" in rows else [""] * len(names)
-    return [f"{n}\n(nvfp4 on fp16 mma)" if NVFP4_IMPLEMENTATION in str(i) else n
-            for n, i in zip(names, impls, strict=True)]
+    marks = [fidelity_label(str(i)) for i in impls]
+    return [f"{n}\n({m})" if m else n for n, m in zip(names, marks, strict=True)]
 
 
 def speedup_bars(speed: pd.DataFrame, clip: pd.DataFrame, path: Path, note: str,
@@ -102,7 +102,7 @@ def speedup_bars(speed: pd.DataFrame, clip: pd.DataFrame, path: Path, note: str,
         rows = rows[np.isfinite(rows.clip_speedup_vs_bf16)]
         if rows.empty:
             continue
-        base = rows.implementation[rows.method == "bf16"]
+        base = rows.implementation[rows.method == REFERENCE]
         bf16 = f"; bf16 = {base.iloc[0]}" if len(base) else ""
         panels.append((f"clip wall clock, PROJECTED ({rows.model.iloc[0]}{bf16})\n"
                        + textwrap.fill(text, 58), list(rows.method), list(rows.clip_speedup_vs_bf16),

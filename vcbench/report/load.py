@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 from vcbench.errors import UserError
+from vcbench.kernels import REFERENCE_METHOD
 from vcbench.runs import read_manifest
 
 SCORE_FILE = "score.json"
@@ -67,6 +68,17 @@ class GenerateRun(Run):
 
     def clips(self) -> list[dict[str, Any]]:
         return [r for r in self.manifest.get("items", []) if isinstance(r, dict) and "method" in r]
+
+    def method_info(self, method: str) -> dict[str, Any]:
+        """What the run recorded of `method` (kind, bits, formats, whether it groups V, where
+        it came from); for a run older than those records, the registry's, where it knows the
+        method. A plugin's method renders from the record on a machine that lacks the plugin."""
+        recorded = (self.config.get("method_info") or {}).get(method)
+        if recorded:
+            return recorded
+        from vcbench.kernels import METHODS, describe_method
+
+        return describe_method(method) if method in METHODS else {"method": method}
 
 
 @dataclass
@@ -164,7 +176,7 @@ def _check_reference(run: GenerateRun, score_path: Path, rows: list[dict]) -> No
                  for i in ref_items if isinstance(i, dict) and i.get("frames_dir")}
     for row in rows:
         method = method_of.get(str(row.get("ref")))
-        if method is not None and method != "bf16":
+        if method is not None and method != REFERENCE_METHOD:
             raise UserError(f"{score_path}: {row.get('method')} is scored against {ref_dir}'s "
                             f"{method} clips, not bf16; score it against a run holding bf16 only")
 

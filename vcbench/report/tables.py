@@ -13,12 +13,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from vcbench.kernels import REFERENCE_METHOD as REFERENCE
 from vcbench.report.load import GenerateRun, Runs, TableRun
 
-# Direction of "better" for each fidelity metric (the VBench ones are absolute scores).
-METRICS = {"psnr": "max", "ssim": "max", "lpips": "min", "subject_consistency": "max",
-           "imaging_quality": "max"}
-REFERENCE = "bf16"
+
+def higher_is_better(metric: str, score: dict | None = None) -> bool:
+    """The metric registry's direction; for a plugin's metric this process lacks, the one its
+    score.json recorded (`metric_info`)."""
+    from vcbench.metrics import METRICS
+
+    if metric in METRICS:
+        return METRICS.get(metric).higher_is_better
+    recorded = ((score or {}).get("metric_info") or {}).get(metric) or {}
+    return bool(recorded.get("higher_is_better", True))
 
 
 def mean_ci(values) -> tuple[float, float, int]:
@@ -48,10 +55,8 @@ def method_order(name: str) -> tuple[int, str]:
 def variant(run: GenerateRun, method: str) -> str:
     """What distinguishes this method's clips from the same method in another run: options the
     user gave, and the grouping schedule for the methods that group (V-Smooth)."""
-    from vcbench.kernels import get_method
-
     parts = dict(run.config.get("method_options", {}).get(method) or {})
-    if get_method(method).plan().vsmooth is not None:
+    if run.method_info(method).get("vsmooth"):
         parts.update(run.config.get("schedule") or {})
     return ", ".join(f"{k}={v}" for k, v in sorted(parts.items()))
 
@@ -66,7 +71,7 @@ def fidelity(runs: Runs) -> pd.DataFrame:
     for run in runs.generate:
         if run.score is None:
             continue
-        metrics = [m for m in run.score.get("metrics", []) if m in METRICS]
+        metrics = list(run.score.get("metrics", []))
         clip_rows = run.score["rows"]
         for method in sorted({r["method"] for r in clip_rows}, key=method_order):
             key = (run.model, method, variant(run, method))
@@ -81,7 +86,9 @@ def fidelity(runs: Runs) -> pd.DataFrame:
                 ok = [r for r in mine if not r.get("error") and not r.get("nonfinite_frames")]
                 mean, half, n = mean_ci(as_float(r.get(metric)) for r in ok)
                 rows.append({"model": run.model, "method": method, "variant": key[2],
-                             "metric": metric, "mean": mean, "ci95_half": half,
+                             "metric": metric,
+                             "higher_is_better": higher_is_better(metric, run.score),
+                             "mean": mean, "ci95_half": half,
                              "ci95_low": mean - half, "ci95_high": mean + half, "n": n,
                              "n_failed": len(mine) - n, "run": str(run.path)})
         # One bf16 row per model, from the first scored run (its own bf16 clips, or the bf16
@@ -96,14 +103,14 @@ def _reference_rows(run: GenerateRun, metrics: list[str], clip_rows: list[dict])
     """The bf16 row: relative metrics are the reference itself (NaN here, 'reference' in the
     table); absolute (VBench) ones are the bf16 clip's own score, which every candidate row
     carries as `<metric>_ref`. n counts the reference clips the rows were scored against."""
-    from vcbench.metrics import ABSOLUTE
+    from vcbench.metrics import is_absolute
 
     scored = [r for r in clip_rows if r.get("ref")]
     out = []
     for metric in metrics:
         refs = {r["ref"]: as_float(r.get(f"{metric}_ref")) for r in scored}
         mean, half, n = math.nan, math.nan, len(refs)
-        if metric in ABSOLUTE:
+        if is_absolute(metric) or ((run.score.get("metric_info") or {}).get(metric) or {}).get("absolute"):
             mean, half, n = mean_ci(refs.values())
         out.append({"model": run.model, "method": REFERENCE, "variant": "", "metric": metric,
                     "mean": mean, "ci95_half": half, "ci95_low": mean - half,
@@ -244,7 +251,7 @@ def fidelity_wide(long: pd.DataFrame, model: str, marked: bool = True) -> pd.Dat
     best bold and second underlined (Markdown) per column among the low-bit methods; bf16 is
     the reference and shows 'reference' for the metrics measured against it."""
     mine = long[long.model == model]
-    metrics = [m for m in METRICS if m in set(mine.metric)]
+    metrics = list(dict.fromkeys(mine.metric))
     keys = sorted({(r.method, r.variant) for r in mine.itertuples()},
                   key=lambda k: (method_order(k[0]), k[1]))
     table = pd.DataFrame({"method": [label(*k) for k in keys]})
@@ -259,7 +266,8 @@ def fidelity_wide(long: pd.DataFrame, model: str, marked: bool = True) -> pd.Dat
                 cells.append("reference")
             else:
                 cells.append(fmt_ci(mean, half))
-        order = _rank(means, METRICS[metric], [k[0] == REFERENCE for k in keys])
+        better = bool(mine[mine.metric == metric].higher_is_better.dropna().all())
+        order = _rank(means, "max" if better else "min", [k[0] == REFERENCE for k in keys])
         if marked and len(order) > 0:
             cells[order[0]] = f"**{cells[order[0]]}**"
         if marked and len(order) > 1:

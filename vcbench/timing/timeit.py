@@ -9,7 +9,10 @@ clock, so a time is read with them), and the speedup over `bf16` measured in the
 V-Smooth method also gets its schedule's plain-step kernel and preprocessing timed (`plain_ms`,
 `plain_preprocess_ms`, and what runs it, `plain_implementation`): the method without V-Smooth,
 another plan, which runs most of a clip's steps (30 of Wan2.2's 40) and which a backend may
-not take.
+not take. An external kernel (a plugin's callable) is timed as one call: its main kernel's
+median is `attention_ms`, the rest of its launches `preprocess_ms`.
+
+What runs each row is asked of `vcbench.kernels.chosen`, the same choice `attention` makes.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import pandas as pd
 import torch
 
 from vcbench.errors import UserError
-from vcbench.kernels import get_method
+from vcbench.kernels import REFERENCE_METHOD, get_method
 from vcbench.kernels.spec.vsmooth import PLAIN_STEP_OPTIONS
 
 PRESETS = {  # (B, H, N, D), paper appendix A
@@ -60,27 +63,24 @@ def attention_flops(q: torch.Tensor) -> float:
 
 def time_method(name: str, x: Inputs, warmup_s: float, window_s: float) -> dict:
     method = get_method(name)
-    plan = method.plan()
-    row = {"method": name, **time_plan(name, plan, x, warmup_s, window_s)}
-    if plan.vsmooth is not None:  # right after the method's window: the card is warm already
-        plain = time_plan(name, method.plan(PLAIN_STEP_OPTIONS), x, min(warmup_s, 2.0), window_s)
+    row = {"method": name, **time_plan(name, {}, x, warmup_s, window_s)}
+    if method.uses_vsmooth:  # right after the method's window: the card is warm already
+        plain = time_plan(name, PLAIN_STEP_OPTIONS, x, min(warmup_s, 2.0), window_s)
         row.update(plain_ms=plain["attention_ms"], plain_preprocess_ms=plain["preprocess_ms"],
                    plain_implementation=plain["implementation"])
     return row
 
 
-def time_plan(name: str, plan, x: Inputs, warmup_s: float, window_s: float) -> dict:
-    """One plan's kernel on the backend `attention` would choose: the columns of a row."""
-    from vcbench.kernels import backends, group
+def time_plan(name: str, options: dict, x: Inputs, warmup_s: float, window_s: float) -> dict:
+    """One method's kernel, with `options`, on what `attention` would choose: a row's columns."""
+    from vcbench.kernels import chosen, group
     from vcbench.timing.cupti import time_kernels
 
-    backend = backends.select(plan, tuple(x.q.shape))
-    if backend is None:
-        raise UserError(f"no GPU kernel for {name!r} on this machine "
-                        f"({backends.why_none(plan, tuple(x.q.shape))})")
-    row: dict = {"implementation": backend.name}
-    if backend.prepare is None:  # an external kernel: its preprocessing is inside the call
-        whole = time_kernels(lambda: backend.run(x.q, x.k, x.v, plan, {}), warmup_s, window_s)
+    impl = chosen(name, options, tuple(x.q.shape))
+    plan = impl.plan
+    row: dict = {"implementation": impl.implementation}
+    if impl.prepare is None:  # an external kernel: its preprocessing is inside the call
+        whole = time_kernels(lambda: impl.run(x.q, x.k, x.v), warmup_s, window_s)
         row["attention_ms"] = whole.median_ms(whole.main_kernel())
         row["preprocess_ms"] = max(whole.per_call_ms() - row["attention_ms"], 0.0)
         attn = whole
@@ -96,12 +96,12 @@ def time_plan(name: str, plan, x: Inputs, warmup_s: float, window_s: float) -> d
             row["grouping_cold_ms"] = cold.per_call_ms()
             row["grouping_ms"] = warm.per_call_ms()
             perm = first.permutation
-        prep = lambda: backend.prepare(x.q, x.k, x.v, plan, permutation=perm)  # noqa: E731
+        prep = lambda: impl.prepare(x.q, x.k, x.v, permutation=perm)  # noqa: E731
         pre = time_kernels(prep, min(warmup_s, 2.0), min(window_s, 2.0), min_calls=3)
         row["preprocess_ms"] = pre.per_call_ms()
         ops = prep()
         out = torch.empty_like(x.q)
-        attn = time_kernels(lambda: backend.run_prepared(ops, plan, out), warmup_s, window_s)
+        attn = time_kernels(lambda: impl.kernel(ops, out), warmup_s, window_s)
         row["attention_ms"] = attn.median_ms(attn.main_kernel())
     row["tflops"] = attention_flops(x.q) / (row["attention_ms"] * 1e-3) / 1e12
     # the attention window's clock and power: under the card's power limit, time follows them
@@ -122,8 +122,8 @@ def check_request(methods: list[str], shape: str | None, tensors: str | None) ->
 def timeit(methods: list[str], shape: str | None = None, tensors: str | None = None,
            warmup_s: float = 20.0, window_s: float = 10.0, progress=None) -> tuple[pd.DataFrame, str]:
     check_request(methods, shape, tensors)
-    if "bf16" not in methods:
-        methods = ["bf16", *methods]  # every speedup is against BF16 measured in this run
+    if REFERENCE_METHOD not in methods:  # every speedup is against BF16 measured in this run
+        methods = [REFERENCE_METHOD, *methods]
     x = make_inputs(shape, tensors)
     rows = []
     for m in methods:
@@ -131,7 +131,7 @@ def timeit(methods: list[str], shape: str | None = None, tensors: str | None = N
         if progress is not None:
             progress()
     table = pd.DataFrame(rows)
-    base = table.loc[table.method == "bf16", "attention_ms"].iloc[0]
+    base = table.loc[table.method == REFERENCE_METHOD, "attention_ms"].iloc[0]
     table["speedup_vs_bf16"] = base / table.attention_ms
     device = torch.cuda.get_device_name()
     return table, f"{x.label}; {device}; warm-up {warmup_s:g} s, window {window_s:g} s"

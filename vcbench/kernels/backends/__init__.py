@@ -6,35 +6,81 @@
     triton.TRITON                      vcbench's Triton kernels (the 8-bit plans)
     triton.NVFP4                       NVFP4 plans, exactly, on 16-bit tensor cores (fidelity)
 
-The first that is available here and supports the plan (on inputs of this shape) runs it;
-`vcbench methods` prints every backend's reason for every method from the same list.
+They are the built-in entries of `BACKENDS`, a registry like the methods' (vcbench/registry.py):
+a plugin's backend registers after them. `select` is the one place that chooses: the preferred
+backend first (VCBENCH_KERNEL=NAME, a backend's name or alias; `auto`, the default, prefers
+none), then the registry's order; the first that is available here and supports the plan (on
+inputs of this shape) runs it. `vcbench methods` prints every backend's reason for every
+method from the same registry.
 """
 
 from __future__ import annotations
 
-from vcbench.kernels.backends.common import KERNEL_ENV, TILE, Backend, triton_ready
+import os
+import warnings
+from functools import lru_cache
+
+from vcbench.errors import UserError
+from vcbench.kernels.backends.common import TILE, Backend, triton_ready
 from vcbench.kernels.backends.external import CUDNN, FA4, SAGE2_OFFICIAL
 from vcbench.kernels.backends.sm90 import SM90
 from vcbench.kernels.backends.triton import NVFP4, NVFP4_IMPLEMENTATION, TRITON
 from vcbench.kernels.spec.method import Plan
+from vcbench.registry import Registry
 
-BACKENDS: tuple[Backend, ...] = (FA4, CUDNN, SAGE2_OFFICIAL, SM90, TRITON, NVFP4)
+BACKENDS: Registry[Backend] = Registry("backend", "vcbench.backends")
+for _b in (FA4, CUDNN, SAGE2_OFFICIAL, SM90, TRITON, NVFP4):
+    BACKENDS.register(_b)
+KERNEL_ENV = "VCBENCH_KERNEL"  # auto (default) | a backend's name or alias: tried first
+_AUTO = object()
 __all__ = ["BACKENDS", "CUDNN", "FA4", "KERNEL_ENV", "NVFP4", "NVFP4_IMPLEMENTATION",
            "SAGE2_OFFICIAL", "SM90", "TILE", "TRITON",
-           "Backend", "reasons", "select", "triton_ready", "why_none"]
+           "Backend", "fidelity_label", "preference", "reasons", "select", "triton_ready", "why_none"]
+
+
+def preference() -> Backend | None:
+    """The backend VCBENCH_KERNEL asks for first, or None (`auto`, the default). An unknown
+    name is a UserError listing the choices."""
+    choice = os.environ.get(KERNEL_ENV, "").strip() or "auto"
+    if choice.lower() == "auto":
+        return None
+    for b in BACKENDS.values():
+        if choice == b.name or choice.lower() in b.aliases:
+            return b
+    names = ["auto"] + [a for b in BACKENDS.values() for a in (b.aliases or (b.name,))]
+    raise UserError(f"{KERNEL_ENV} must be one of {', '.join(names)}, got {choice!r}")
+
+
+def _order(prefer: Backend | None) -> list[Backend]:
+    ordered = BACKENDS.values()
+    return ordered if prefer is None else [prefer] + [b for b in ordered if b is not prefer]
 
 
 def reasons(plan: Plan, shape: tuple[int, ...] | None = None) -> list[tuple[Backend, str | None]]:
     """Each backend with None (it would run `plan`) or why it would not, in priority order."""
-    return [(b, b.supports(plan, shape) or b.available()) for b in BACKENDS]
+    return [(b, b.supports(plan, shape) or b.available()) for b in BACKENDS.values()]
 
 
-def select(plan: Plan, shape: tuple[int, ...] | None = None) -> Backend | None:
-    """The backend that runs `plan` (on (B, H, N, D) inputs of `shape`) here, or None."""
-    for b in BACKENDS:
-        if b.supports(plan, shape) is None and b.available() is None:
+def select(plan: Plan, shape: tuple[int, ...] | None = None, prefer=_AUTO) -> Backend | None:
+    """The backend that runs `plan` (on (B, H, N, D) inputs of `shape`) here, or None.
+    `prefer`: a Backend to try first (default: VCBENCH_KERNEL's). A preferred backend that
+    takes the plan but cannot run here says why once, and the order goes on."""
+    wanted = preference() if prefer is _AUTO else prefer
+    for b in _order(wanted):
+        if b.supports(plan, shape) is not None:
+            continue
+        why = b.available()
+        if why is None:
             return b
+        if b is wanted:
+            _fallback_note(b.name, why)
     return None
+
+
+@lru_cache(maxsize=64)
+def _fallback_note(name: str, reason: str) -> None:
+    warnings.warn(f"{KERNEL_ENV}={name}: {reason}; running the next backend that takes the plan "
+                  "(the Triton kernel for the 8-bit plans)", stacklevel=4)
 
 
 def why_none(plan: Plan, shape: tuple[int, ...] | None = None,
@@ -45,3 +91,12 @@ def why_none(plan: Plan, shape: tuple[int, ...] | None = None,
     if among is not None:
         named = [(b, why) for b, why in named if b.supports(among, None) is None] or named
     return "; ".join(f"{b.name}: {why}" for b, why in named)
+
+
+def fidelity_label(implementation: str) -> str | None:
+    """The label of the fidelity-only backend a run record's `implementation` names (a
+    projection joins several with " + "), or None: its times are not its format's speed."""
+    for b in BACKENDS.values():
+        if b.fidelity_only and b.name in str(implementation):
+            return b.label
+    return None

@@ -2,15 +2,15 @@
 
 A backend reads the method's `Plan` and nothing else about it (no method names): it declares
 the plans it computes exactly, `supports(plan, shape)`, and `vcbench.kernels.backends` tries
-the backends in priority order. The vcbench kernels split a call into the fused preprocessing
-(`prepare`, timed apart as the paper times it) and the attention kernel (`run_prepared`); an
-external kernel does both in `run`.
+the backends in priority order (their registry's order), with one preference read in one place
+(`vcbench.kernels.backends.select`). The vcbench kernels split a call into the fused
+preprocessing (`prepare`, timed apart as the paper times it) and the attention kernel
+(`run_prepared`); an external kernel does both in `run`.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,10 +18,8 @@ from typing import Any
 
 import torch
 
-from vcbench.errors import UserError
 from vcbench.kernels.spec.method import Plan
 
-KERNEL_ENV = "VCBENCH_KERNEL"  # auto (default) | sm90 | triton: which vcbench kernel may run
 TILE = 128  # the vcbench kernels' query and key tile, the K scale block, V-Smooth's block
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, where 2-D grids put batch x heads
 
@@ -32,7 +30,10 @@ class Backend:
     can run (here; this plan on (B, H, N, D) inputs), else one line saying why not. `run(q, k,
     v, plan, call)` computes HND attention into a new tensor; `call` holds the per-call options
     (permutation, grid, centroids, sm_scale). `prepare` and `run_prepared`, where the backend
-    has them, are its two halves."""
+    has them, are its two halves. `label` says in a few words what computes the plan;
+    `aliases` are the short names a preference may use (VCBENCH_KERNEL=triton); a
+    `fidelity_only` backend computes a plan's bits but not at its format's speed (NVFP4 on
+    16-bit tensor cores), so every time it gives is shown with its label."""
 
     name: str
     available: Callable[[], str | None]
@@ -40,13 +41,9 @@ class Backend:
     run: Callable[..., torch.Tensor]
     prepare: Callable[..., Any] | None = None
     run_prepared: Callable[..., torch.Tensor] | None = None
-
-
-def kernel_preference() -> str:
-    choice = os.environ.get(KERNEL_ENV, "").strip().lower() or "auto"
-    if choice not in ("auto", "triton", "sm90"):
-        raise UserError(f"{KERNEL_ENV} must be 'auto', 'triton' or 'sm90', got {choice!r}")
-    return choice
+    label: str = ""
+    aliases: tuple[str, ...] = ()
+    fidelity_only: bool = False
 
 
 @lru_cache(maxsize=1)

@@ -95,6 +95,9 @@ def _run_sage(q, k, v, plan: Plan, call: dict) -> torch.Tensor:
     return sage.sageattn(q, k, v, tensor_layout="HND", sm_scale=call.get("sm_scale"))
 
 
-FA4 = Backend("flash-attn-4", _fa4_available, exact_bf16_reason, _run_fa4)
-CUDNN = Backend("cudnn-sdpa", _cuda_reason, exact_bf16_reason, _run_cudnn)
-SAGE2_OFFICIAL = Backend("sageattention (official)", _sage_available, _sage_supports, _run_sage)
+FA4 = Backend("flash-attn-4", _fa4_available, exact_bf16_reason, _run_fa4,
+              label="FlashAttention-4 (BF16)", aliases=("fa4",))
+CUDNN = Backend("cudnn-sdpa", _cuda_reason, exact_bf16_reason, _run_cudnn,
+                label="cuDNN SDPA (BF16)", aliases=("cudnn",))
+SAGE2_OFFICIAL = Backend("sageattention (official)", _sage_available, _sage_supports, _run_sage,
+                         label="SageAttention2 (official)", aliases=("sage2",))

@@ -1,15 +1,12 @@
 """The compiled sm_90a backend: `compiled.py` builds, loads and runs `csrc/` (one file per
 phase of the kernel). It reads the 8-bit Triton preprocessing's operands, with V-Smooth's
 means blocked as its mean product reads them. It runs where a current build exists (`make
-kernels`) and VCBENCH_KERNEL is not `triton`; `sm90` says in one line why a plan it takes
-falls back."""
+kernels`); where a user prefers it (VCBENCH_KERNEL=sm90) and it cannot run, the selection says
+why in one line."""
 
 from __future__ import annotations
 
-import warnings
-from functools import lru_cache
-
-from vcbench.kernels.backends.common import MAX_GRID_Y, Backend, kernel_preference, split_prepared
+from vcbench.kernels.backends.common import MAX_GRID_Y, Backend, split_prepared
 from vcbench.kernels.backends.sm90 import compiled
 from vcbench.kernels.backends.triton import operands
 
@@ -25,19 +22,8 @@ def supports(plan, shape=None) -> str | None:
     return reason
 
 
-@lru_cache(maxsize=64)
-def _fallback_note(reason: str) -> None:
-    warnings.warn(f"VCBENCH_KERNEL=sm90: {reason}; running the Triton kernel", stacklevel=4)
-
-
 def available() -> str | None:
-    preference = kernel_preference()
-    if preference == "triton":
-        return "VCBENCH_KERNEL=triton"
-    reason = compiled.status()
-    if reason is not None and preference == "sm90":
-        _fallback_note(reason)
-    return reason
+    return compiled.status()
 
 
 def prepare(q, k, v, plan, **call):
@@ -48,4 +34,5 @@ def prepare(q, k, v, plan, **call):
 
 
 SM90 = Backend(compiled.IMPLEMENTATION, available, supports,
-               split_prepared(prepare, compiled.run), prepare, compiled.run)
+               split_prepared(prepare, compiled.run), prepare, compiled.run,
+               label="compiled sm_90a kernel", aliases=("sm90",))

@@ -11,13 +11,7 @@ NVFP4    the NVFP4 plans (`nvfp4.py`, `nvfp4_attention.py`): E2M1 codes and E4M3
 
 from __future__ import annotations
 
-from vcbench.kernels.backends.common import (
-    Backend,
-    kernel_preference,
-    split_prepared,
-    triton_ready,
-    triton_reason,
-)
+from vcbench.kernels.backends.common import Backend, split_prepared, triton_ready, triton_reason
 from vcbench.kernels.backends.triton.operands import (
     kernel_switches,
     nvfp4_unsupported_reason,
@@ -36,12 +30,12 @@ def run_prepared(ops, plan, out, **launch_config):
 
 
 def _available() -> str | None:
-    kernel_preference()  # a bad VCBENCH_KERNEL is an error wherever a kernel is chosen
     return None if triton_ready() else triton_reason()  # asked on every call: cached when ready
 
 
 TRITON = Backend("vcbench-triton", _available, unsupported_reason,
-                 split_prepared(prepare_gpu, run_prepared), prepare_gpu, run_prepared)
+                 split_prepared(prepare_gpu, run_prepared), prepare_gpu, run_prepared,
+                 label="vcbench's Triton kernel (8-bit)", aliases=("triton",))
 
 
 def prepare_nvfp4(q, k, v, plan, **call):
@@ -58,4 +52,5 @@ def run_prepared_nvfp4(ops, plan, out, **launch_config):
 
 NVFP4 = Backend(NVFP4_IMPLEMENTATION, _available, nvfp4_unsupported_reason,
                 split_prepared(prepare_nvfp4, run_prepared_nvfp4), prepare_nvfp4,
-                run_prepared_nvfp4)
+                run_prepared_nvfp4, label="nvfp4 on fp16 mma", aliases=("nvfp4",),
+                fidelity_only=True)
