@@ -1,8 +1,8 @@
 """What a method is: a name, its quantizers, its options, and how they become a `Plan`.
 
-A method module (methods/*.py) declares one `Method`. The emulation engine (online.py) and the
-GPU backends (backends/) both read the `Plan` that `Method.plan(options)` builds, so they quantize the same
-operands the same way.
+A method module (methods/*.py) declares one `Method`. The emulation engine
+(reference/engine.py) and the GPU backends (backends/) both read the `Plan` that
+`Method.plan(options)` builds, so they quantize the same operands the same way.
 """
 
 from __future__ import annotations

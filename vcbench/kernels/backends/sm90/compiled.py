@@ -204,7 +204,8 @@ def instance_name(combination: tuple[bool, bool, bool, bool]) -> str:
 
 
 def arguments(ops, plan) -> dict:
-    """The kernel's scalar arguments for a plan (the compiled twin of gpu.kernel_switches)."""
+    """The kernel's scalar arguments for a plan (the compiled twin of
+    backends.triton.operands.kernel_switches)."""
     from vcbench.kernels.spec.granularity import PerBlock
     from vcbench.kernels.spec.probability import ExpCast
 
