@@ -62,6 +62,15 @@ def test_the_wgmma_header_is_its_generator_s_output():
     assert (compiled.CSRC / "wgmma.cuh").read_text() == gen.text()
 
 
+def test_the_instance_table_is_written_from_the_python_instances():
+    # compiled.INSTANCES is the one list: launch.cu's table is the header written from it
+    from vcbench.kernels.backends.sm90.csrc import gen_instances
+
+    assert (compiled.CSRC / "instances.cuh").read_text() == gen_instances.text()
+    launch = (compiled.CSRC / "launch.cu").read_text()
+    assert 'constexpr Instance INSTANCES[] = {\n#include "instances.cuh"\n};' in launch
+
+
 def test_the_source_hash_covers_every_source(monkeypatch, tmp_path):
     for name in compiled.SOURCES + compiled.HEADERS:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -134,17 +143,6 @@ def test_a_v_smooth_methods_plain_steps_run_on_the_backend_of_its_grouping_steps
     takes = [b for b in backends.BACKENDS.values() if b.supports(get_method(method).plan(), None) is None]
     assert takes, f"no backend takes {method}"
     assert {b.name: b.supports(plain, None) for b in takes} == dict.fromkeys(b.name for b in takes)
-
-
-def test_launch_table_lists_the_python_instances():
-    # compiled.INSTANCES must name what launch.cu instantiates, in its order
-    text = (compiled.CSRC / "launch.cu").read_text()
-    table = text[text.index("constexpr Instance INSTANCES[] = {"):].split("};", 1)[0]
-    found = []
-    for args in re.findall(r"instance<([^>]*)>\(\)", table):
-        flags = [a.strip() == "true" for a in args.split(",")]
-        found.append(tuple(flags + [False] * (4 - len(flags))))
-    assert tuple(found) == compiled.INSTANCES
 
 
 def test_q_per_block_and_options_without_v_smooth_are_supported():

@@ -1,11 +1,12 @@
 """Whether two builds of the compiled sm_90a kernel hold the same machine code, instance by
-instance: for each (ExpCast, V-Smooth) instance of vc_attention_kernel in both objects (or
-libraries), the SASS from cuobjdump with only the function's name line dropped must match line
-for line (opcodes, operands, order, addresses). A refactor of the sources that keeps every
+instance: for each instance of vc_attention_kernel in both objects (or libraries), the SASS
+from cuobjdump with only the function's name line dropped must match line for line (opcodes,
+operands, order, addresses). A refactor of the sources that keeps every
 instance identical needs no device round to show it changed nothing.
 
-An instance is keyed by the first two bool template arguments of its mangled name (ExpCast,
-V-Smooth); --filter-a / --filter-b keep only the instances whose mangled name matches a regular
+An instance is keyed by the bool template arguments of its mangled name (ExpCast, V-Smooth,
+FP8 scores, V scale per tile; builds of older sources name only the first two, the others
+false); --filter-a / --filter-b keep only the instances whose mangled name matches a regular
 expression (an object of older sources holds other schedules too). With --ptxas-a / --ptxas-b
 (the -Xptxas=-v output of each build) the register, spill and stack lines are compared as well.
 Exit status 1 if anything differs or an instance is missing on either side.
@@ -25,13 +26,21 @@ KERNEL = "vc_attention_kernel"
 BOOLS = re.compile(r"Lb(\d)E")
 
 
-def key(mangled: str) -> tuple[int, int] | None:
-    """(ExpCast, V-Smooth) of a kernel instance's mangled name, or None for other functions."""
+FLAGS = ("expcast", "vsmooth", "qk_fp8", "v_per_tile")
+
+
+def key(mangled: str) -> tuple[int, ...] | None:
+    """(ExpCast, V-Smooth, FP8 scores, V per tile) of a kernel instance's mangled name (the
+    last two 0 where the name has only two), or None for other functions."""
     at = mangled.find(KERNEL)
     if at < 0:
         return None
-    flags = BOOLS.findall(mangled[at:])
-    return (int(flags[0]), int(flags[1])) if len(flags) >= 2 else None
+    flags = [int(f) for f in BOOLS.findall(mangled[at:])[:len(FLAGS)]]
+    return tuple(flags + [0] * (len(FLAGS) - len(flags))) if len(flags) >= 2 else None
+
+
+def named(k: tuple[int, ...]) -> str:
+    return " ".join(f"{name}={flag}" for name, flag in zip(FLAGS, k, strict=True))
 
 
 def instances(binary: str, cuobjdump: str, pattern: str | None) -> dict:
@@ -95,7 +104,7 @@ def main() -> int:
     if not a:
         print(f"no {KERNEL} instance in {args.a}")
     for k in sorted(a.keys() ^ b.keys()):
-        print(f"expcast={k[0]} vsmooth={k[1]}: only in {args.a if k in a else args.b}")
+        print(f"{named(k)}: only in {args.a if k in a else args.b}")
     pa = pb = {}
     if args.ptxas_a and args.ptxas_b:
         pa = by_key(ptxas_report(args.ptxas_a), args.filter_a)
@@ -103,7 +112,7 @@ def main() -> int:
     for k in sorted(a.keys() & b.keys()):
         (na, la), (nb, lb) = a[k], b[k]
         same = la == lb
-        line = f"expcast={k[0]} vsmooth={k[1]}: {len(la)} lines, " + (
+        line = f"{named(k)}: {len(la)} lines, " + (
             "SASS identical" if same else "SASS DIFFERS")
         if pa or pb:
             ra, rb = pa.get(k, []), pb.get(k, [])

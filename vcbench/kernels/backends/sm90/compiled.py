@@ -35,14 +35,15 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("launch.cu", "binding.cpp")
 HEADERS = ("forward.cuh", "traits.cuh", "pipeline.cuh", "mma.cuh",
            "wgmma.cuh", "softmax.cuh", "vsmooth.cuh", "epilogue.cuh",
-           "mainloop.cuh")
+           "mainloop.cuh", "instances.cuh")
 MEAN_BATCH = 16  # tiles per V-Smooth mean product (forward.cuh's MEAN_BATCH)
 IMPLEMENTATION = "vcbench-sm90"
-# The compiled instances, (ExpCast, V-Smooth, FP8 scores, V scale per tile): launch.cu's
-# INSTANCES. INT8 scores with each P encoding and V-Smooth or not; FP8 scores for
-# vc-8bit-fp8qk (ExpCast, V-Smooth or not: its schedule's plain steps run without) and fp8-fa4
-# (exp2, a V scale per tile). A V-Smooth method whose plain plan had no instance would run its
-# plain steps on another backend.
+# The compiled instances, (ExpCast, V-Smooth, FP8 scores, V scale per tile), the one list of
+# them: csrc/gen_instances.py writes launch.cu's table (csrc/instances.cuh) from it. INT8
+# scores with each P encoding and V-Smooth or not; FP8 scores for vc-8bit-fp8qk (ExpCast,
+# V-Smooth or not: its schedule's plain steps run without) and fp8-fa4 (exp2, a V scale per
+# tile). A V-Smooth method whose plain plan had no instance would run its plain steps on
+# another backend.
 INSTANCES = ((True, True, False, False), (False, True, False, False), (True, False, False, False),
              (False, False, False, False), (True, True, True, False), (True, False, True, False),
              (False, False, True, True))
@@ -191,15 +192,20 @@ def unsupported_reason(plan, head_dim: int = 128) -> str | None:
     combination = (isinstance(plan.p, ExpCast), plan.vsmooth is not None, plan.q.fmt is E4M3,
                    v_tile)
     if combination not in INSTANCES:
-        names = ("ExpCast" if combination[0] else "exp2", "V-Smooth" if combination[1] else
-                 "no V-Smooth", "FP8" if combination[2] else "INT8",
-                 "V per tile" if combination[3] else "V per channel")
-        return f"no compiled instance for {', '.join(names)}"
+        return f"no compiled instance for {instance_name(combination)}"
     return None
 
 
+def instance_name(combination: tuple[bool, bool, bool, bool]) -> str:
+    """An INSTANCES entry in words: "ExpCast, V-Smooth, INT8, V per channel"."""
+    expcast, vsmooth, qk_fp8, v_per_tile = combination
+    return ", ".join(("ExpCast" if expcast else "exp2", "V-Smooth" if vsmooth else "no V-Smooth",
+                      "FP8" if qk_fp8 else "INT8", "V per tile" if v_per_tile else "V per channel"))
+
+
 def arguments(ops, plan) -> dict:
-    """The kernel's scalar arguments for a plan (the compiled twin of gpu.kernel_switches)."""
+    """The kernel's scalar arguments for a plan (the compiled twin of
+    backends.triton.operands.kernel_switches)."""
     from vcbench.kernels.spec.granularity import PerBlock
     from vcbench.kernels.spec.probability import ExpCast
 

@@ -1,4 +1,5 @@
-"""The 8-bit attention kernel: one online-softmax pass over KV tiles, as in `online.run`.
+"""The 8-bit attention kernel: one online-softmax pass over KV tiles, as in the emulation's
+`reference.engine.run`.
 
 One program owns BLOCK_M query rows of one (batch, head) and walks every KV tile:
 

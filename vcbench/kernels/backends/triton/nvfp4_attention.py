@@ -1,4 +1,5 @@
-"""NVFP4 attention on 16-bit tensor cores: one online-softmax pass, as `online.run` walks it.
+"""NVFP4 attention on 16-bit tensor cores: one online-softmax pass, as the emulation's
+`reference.engine.run` walks it.
 
 A fidelity kernel, not an FP4 speed claim. An E2M1 value (2 significant bits) times an E4M3
 microscale (4) has at most 6 significant bits and lies in [2^-10, 2688], inside FP16's normal

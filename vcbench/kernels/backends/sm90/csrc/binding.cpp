@@ -1,5 +1,5 @@
 // Torch binding of the compiled VC-Attention kernel: checks the prepared operands
-// (vcbench.kernels.gpu.GpuOperands) and calls vc::forward on the current stream.
+// (backends.triton.operands.GpuOperands) and calls vc::forward on the current stream.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>

@@ -7,7 +7,7 @@
 
 namespace vc {
 
-// Operands exactly as vcbench.kernels.gpu.prepare_gpu writes them (GpuOperands), all
+// Operands exactly as backends.triton.operands.prepare_gpu writes them (GpuOperands), all
 // contiguous, N padded to a multiple of 128 (n_pad), head dim 128:
 //   q        int8 or e4m3 (B, H, n_pad, 128)  Q codes, softmax scale * log2(e) folded in
 //   q_scale  fp32  (B, H, n_pad / q_rows)     one scale per q_rows query rows (16 or 128)

@@ -86,21 +86,20 @@ void describe_into(char* text, size_t len) {
 // The compiled instances: INT8 scores with each (P encoding, V-Smooth) (vc-8bit with and
 // without V-Smooth, vc-8bit-vsmooth, sage2-8bit), and FP8 scores for vc-8bit-fp8qk (ExpCast,
 // with V-Smooth and without: a schedule's plain steps) and fp8-fa4 (exp2, a V scale per
-// tile). compiled.INSTANCES lists the same.
+// tile). The list is compiled.INSTANCES, written out by gen_instances.py as instances.cuh.
 struct Instance {
   bool expcast, vsmooth, qk_fp8, v_per_tile;
   const char* (*launch)(const CUtensorMap (&)[4], const Params&, dim3, cudaStream_t);
   void (*describe)(char*, size_t);
 };
-template <bool EXPCAST, bool VSMOOTH, bool QK_FP8 = false, bool V_PER_TILE = false>
+template <bool EXPCAST, bool VSMOOTH, bool QK_FP8, bool V_PER_TILE>
 constexpr Instance instance() {
   using T = Traits<EXPCAST, VSMOOTH, QK_FP8, V_PER_TILE>;
   return {EXPCAST, VSMOOTH, QK_FP8, V_PER_TILE, launch<T>, describe_into<T>};
 }
-constexpr Instance INSTANCES[] = {instance<true, true>(), instance<false, true>(),
-                                  instance<true, false>(), instance<false, false>(),
-                                  instance<true, true, true>(), instance<true, false, true>(),
-                                  instance<false, false, true, true>()};
+constexpr Instance INSTANCES[] = {
+#include "instances.cuh"
+};
 // The CTA shape is the same in every instance (forward's grid and Q's box).
 constexpr int BM = Traits<true, true>::BM;
 static_assert(BM == Traits<false, false>::BM, "one CTA shape");
