@@ -81,6 +81,27 @@ def test_which_gpu_backends_take_the_examples():
     assert blocked == get_method("vc-8bit").plan({"vsmooth": False, "q_granularity": "block"})
 
 
+# sage2-8bit with one Q scale per 64 rows (two warps' worth) instead of per warp: both 8-bit
+# kernels take Q scales per 16..128 rows (their tiles stay 128 x 128: block_m: 64 would not run)
+SAGE2_Q64 = """\
+name: sage2-q64
+q: {format: int8, granularity: per-block, rows: 64}
+k: {format: int8, granularity: per-block}
+v: {format: e4m3, granularity: per-channel}
+p: {encoder: exp-then-cast, format: e4m3, scale: 448}
+smooth_k: true
+"""
+
+
+def test_a_sage2_variant_with_other_q_blocks_is_taken_by_both_8bit_kernels(tmp_path):
+    plan = load_method_file(write(tmp_path, SAGE2_Q64)).plan()
+    assert plan.q == Quantizer(INT8, PerBlock(64))
+    assert [b.name for b in backends.BACKENDS if b.supports(plan, None) is None] == [
+        backends.SM90.name, backends.TRITON.name]
+    small_tiles = load_method_file(write(tmp_path, SAGE2_Q64 + "block_m: 64\n")).plan()
+    assert all(b.supports(small_tiles, None) for b in backends.BACKENDS)
+
+
 # ---- the built-ins, restated ---------------------------------------------------------------
 
 SAGE2_QK = """\
@@ -359,7 +380,8 @@ def test_every_snippet_of_the_docs_section_holds(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not backends.triton_ready(), reason="needs a CUDA GPU (sm_90+) and Triton")
-def test_the_fp8_example_runs_on_the_triton_kernel(monkeypatch):
+@pytest.mark.parametrize("source", ["fp8-smoothk-expcast", "sage2-q64"])
+def test_a_method_file_runs_on_the_triton_kernel(monkeypatch, tmp_path, source):
     """The tolerance rule of tests/test_gpu_kernels.py: operands bit-equal, the output within
     max(4e-3, 0.5 e) of the emulation's, e the emulation's own error against FP64."""
     from test_gpu_kernels import assert_bit_equal, inputs
@@ -368,7 +390,8 @@ def test_the_fp8_example_runs_on_the_triton_kernel(monkeypatch):
     from vcbench.kernels.reference.engine import finish, prepare, run
 
     monkeypatch.setenv("VCBENCH_KERNEL", "triton")
-    plan = load_method_file(FP8).plan()
+    path = FP8 if source == FP8.stem else write(tmp_path, SAGE2_Q64)
+    plan = load_method_file(path).plan()
     assert backends.select(plan) is backends.TRITON
     for kind, n in [("normal", 1000), ("outliers", 4133)]:
         q, k, v = inputs(kind, n, 128, seed=n)
