@@ -167,6 +167,20 @@ def test_a_restated_builtin_is_the_builtin(tmp_path, builtin):
     assert torch.equal(emulate(q, k, v, method.plan()), vcbench.attention(q, k, v, builtin))
 
 
+@pytest.mark.parametrize("builtin, extra, options", [
+    ("fp8-fa4", "hadamard_qk: true\n", {"hadamard_qk": True}),
+    ("sage2-8bit", "accum: fp22\n", {"accum": "fp22"}),
+    ("sage3-4bit", "hadamard_qk: true\nblock_m: 64\nblock_n: 64\n",
+     {"hadamard_qk": True, "block_m": 64, "block_n": 64}),
+    ("vc-8bit", "vsmooth: {order: cube, cube: [1, 4, 4], hadamard_v: true}\n",
+     {"vsmooth_order": "cube", "vsmooth_cube": (1, 4, 4), "hadamard_v": True}),
+])
+def test_a_restated_builtin_with_a_field_set_is_the_builtin_with_that_option(
+        tmp_path, builtin, extra, options):
+    text = "name: b\n" + RESTATED[builtin].replace(VSMOOTH, "") + extra  # extra's vsmooth only
+    assert load_method_file(write(tmp_path, text)).plan() == get_method(builtin).plan(options)
+
+
 def test_restated_sage2_runs_where_the_official_sageattention_does(tmp_path):
     plan = restated(tmp_path, "sage2-8bit").plan()
     assert backends.SAGE2_OFFICIAL.supports(plan, None) is None

@@ -159,7 +159,9 @@ def _int(value: Any, field: str, low: int) -> int:
 
 
 def _number(value: Any, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    finite = (not isinstance(value, bool) and isinstance(value, (int, float))
+              and abs(value) < math.inf)  # an int past float's range compares, never converts
+    if not finite:
         raise _Invalid(field, f"expects a finite number, got {_show(value)}")
     return float(value)
 
