@@ -70,7 +70,7 @@ def test_which_gpu_backends_take_the_examples():
     one runs on the Triton kernel (the compiled kernel has no instance for it); overriding the
     per-tensor example's Q and K to per-block scales gives a plan both 8-bit kernels take."""
     def taking(plan):
-        return [b.name for b in backends.BACKENDS if b.supports(plan, None) is None]
+        return [b.name for b in backends.BACKENDS.values() if b.supports(plan, None) is None]
 
     pertensor = load_method_file(PERTENSOR)
     assert taking(pertensor.plan()) == []
@@ -96,10 +96,10 @@ smooth_k: true
 def test_a_sage2_variant_with_other_q_blocks_is_taken_by_both_8bit_kernels(tmp_path):
     plan = load_method_file(write(tmp_path, SAGE2_Q64)).plan()
     assert plan.q == Quantizer(INT8, PerBlock(64))
-    assert [b.name for b in backends.BACKENDS if b.supports(plan, None) is None] == [
+    assert [b.name for b in backends.BACKENDS.values() if b.supports(plan, None) is None] == [
         backends.SM90.name, backends.TRITON.name]
     small_tiles = load_method_file(write(tmp_path, SAGE2_Q64 + "block_m: 64\n")).plan()
-    assert all(b.supports(small_tiles, None) for b in backends.BACKENDS)
+    assert all(b.supports(small_tiles, None) for b in backends.BACKENDS.values())
 
 
 # ---- the built-ins, restated ---------------------------------------------------------------

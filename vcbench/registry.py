@@ -47,6 +47,8 @@ class Origin:
 
 
 BUILTIN = Origin("built-in")
+# An entry registered from Python outside any plugin load (a user's script, a notebook).
+FROM_PYTHON = Origin("python", "registered from Python")
 _loading: list[Origin] = []  # the plugin being loaded (innermost last)
 
 
@@ -61,7 +63,7 @@ def registering_as(origin: Origin) -> Iterator[None]:
 
 
 def current_origin() -> Origin:
-    return _loading[-1] if _loading else BUILTIN
+    return _loading[-1] if _loading else FROM_PYTHON
 
 
 class Registry(Generic[T]):
@@ -94,6 +96,12 @@ class Registry(Generic[T]):
         for hook in self.on_register:
             hook(name, entry, origin)
         return entry
+
+    def register_builtins(self, entries) -> None:
+        """vcbench's own entries, in order (for backends: their priority)."""
+        with registering_as(BUILTIN):
+            for entry in entries:
+                self.register(entry)
 
     def get(self, name: str) -> T:
         _load_plugins()

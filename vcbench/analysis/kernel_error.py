@@ -41,6 +41,12 @@ def error_metrics(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 
 def method_error(q, k, v, method: str, grid=None, **options) -> dict[str, float]:
     m = get_method(method)
+    if m.kind != "plan":  # an external kernel: its output only, no plan to split the error by
+        from vcbench.kernels import attention
+
+        out = attention(q, k, v, method, **options)
+        return {"method": method, **error_metrics(out, reference_attention(q, k, v)),
+                "prob_term": math.nan, "value_term": math.nan, "value_share": math.nan}
     opts = m.resolve(options)
     plan = m.build(opts)
     call = {key: opts[key] for key in CALL_OPTIONS if key in opts}

@@ -33,9 +33,9 @@ from vcbench.kernels.spec.vsmooth import Grouping, VSmoothConfig
 from vcbench.registry import Registry
 
 METHODS: Registry[Method | KernelMethod] = Registry("method", "vcbench.methods")
-for _m in (bf16.METHOD, fp8_fa4.METHOD, sage2.METHOD, sage3.METHOD, attnqat.METHOD,
-           vc.VC_8BIT, vc.VC_8BIT_VSMOOTH, vc.VC_4BIT, vc.VC_8BIT_FP8QK):
-    METHODS.register(_m)
+METHODS.register_builtins((bf16.METHOD, fp8_fa4.METHOD, sage2.METHOD, sage3.METHOD,
+                          attnqat.METHOD, vc.VC_8BIT, vc.VC_8BIT_VSMOOTH, vc.VC_4BIT,
+                          vc.VC_8BIT_FP8QK))
 # Every fidelity score is against this method's clips and every speedup against its time.
 REFERENCE_METHOD = bf16.METHOD.name
 LAYOUTS = ("HND", "NHD")
@@ -304,6 +304,17 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise UserError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
     if not (q.dim() == k.dim() == v.dim() == 4):
         raise UserError(f"q, k and v must be 4-D, got {q.dim()}-D, {k.dim()}-D, {v.dim()}-D")
+
+
+def check_runnable(method: str, device_type: str) -> None:
+    """A UserError, before any work, where `method` cannot run on `device_type` here: an
+    external kernel for other devices (a plan method runs everywhere: the emulation)."""
+    m = get_method(method)
+    if isinstance(m, KernelMethod):
+        why = _kernel_reason(m, device_type)
+        if why is not None:
+            raise UserError(f"method {method!r} is an external kernel that cannot run on "
+                            f"{device_type} here ({why})")
 
 
 def _kernel_reason(m: KernelMethod, device_type: str) -> str | None:

@@ -74,7 +74,7 @@ def _vbench(name: str) -> Callable[[MetricSettings], Metric]:
 
 
 METRICS: Registry[MetricEntry] = Registry("metric", "vcbench.metrics")
-for _e in (
+METRICS.register_builtins((
     MetricEntry("psnr", _psnr, True, summary="peak signal-to-noise ratio vs the reference (dB)"),
     MetricEntry("ssim", _ssim, True, summary="structural similarity vs the reference"),
     MetricEntry("lpips", _lpips, False, summary="learned perceptual distance vs the reference"),
@@ -82,8 +82,7 @@ for _e in (
                 summary="VBench: DINO feature consistency across frames (the clip alone)"),
     MetricEntry("imaging_quality", _vbench("imaging_quality"), True, absolute=True,
                 summary="VBench: MUSIQ image quality (the clip alone)"),
-):
-    METRICS.register(_e)
+))
 
 
 def is_absolute(name: str) -> bool:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from vcbench.errors import UserError
-from vcbench.kernels import describe_method, get_method
+from vcbench.kernels import check_runnable, describe_method, get_method
 from vcbench.kernels.spec.vsmooth import GroupingSchedule
 from vcbench.pipelines import distributed
 from vcbench.pipelines.loaded import ClipSettings, LoadedModel, nonfinite_frames, to_uint8
@@ -117,8 +117,9 @@ def plan_items(req: GenerateRequest) -> list[Item]:
 
 
 def run_generate(req: GenerateRequest, show_progress: bool = True) -> Path:
-    for m in req.methods:
-        get_method(m)  # unknown names fail before the model loads
+    device_type = torch.device(req.device or ("cuda" if torch.cuda.is_available() else "cpu")).type
+    for m in req.methods:  # unknown names, and kernels that cannot run here, before the model
+        check_runnable(m, device_type)
     method_options = check_options(req.methods, req.options)
     _schedule(req)
     items = plan_items(req)

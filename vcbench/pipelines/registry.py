@@ -63,7 +63,7 @@ def _longcat(path, device, dtype):
 
 
 MODELS: Registry[ModelEntry] = Registry("model", "vcbench.models")
-for _e in (
+MODELS.register_builtins((
     ModelEntry("tiny-wan", "WanPipeline, one expert trained on ToyVideo (packaged, 1.9 MB), "
                "320 tokens (CPU demo)", _tiny_wan, needs_path=False),
     ModelEntry("tiny-wan-random", "WanPipeline, two random-weight experts, 768 tokens (tests)",
@@ -73,8 +73,7 @@ for _e in (
     ModelEntry("minimax-h3", "MiniMax-H3, diffusers modular pipeline (+ 8-step LoRA)", _minimax_h3,
                takes_lora=True),
     ModelEntry("longcat-video", "LongCat-Video through its upstream package", _longcat),
-):
-    MODELS.register(_e)
+))
 
 
 def default_device_dtype(device: str | None = None) -> tuple[torch.device, torch.dtype]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from vcbench.kernels import get_method
+from vcbench.kernels import REFERENCE_METHOD, get_method
 from vcbench.kernels.spec.vsmooth import GroupingSchedule
 
 
@@ -28,7 +28,7 @@ def step_kinds(method: str, steps: int, schedule: dict | None = None) -> dict[st
     """The steps of a `steps`-step clip by what the attention does on them, in order of first
     occurrence: 'all' for a method that does not group; V-Smooth's 'regroup', 'reuse', 'plain'
     (the host kernel alone) from its grouping schedule."""
-    if get_method(method).plan().vsmooth is None:
+    if not get_method(method).uses_vsmooth:
         return {"all": list(range(steps))}
     schedule = GroupingSchedule(steps, **(schedule or {}))
     kinds: dict[str, list[int]] = {}
@@ -95,11 +95,11 @@ def _projection(parts: pd.DataFrame, speedups: bool) -> pd.DataFrame:
     # the columns named even without rows: every compiled call may have failed
     table = pd.DataFrame(rows, columns=["method", "implementation", "text_encode_s", "denoise_s",
                                         "vae_decode_s", "clip_s", "transformer_calls"])
-    if table.empty or "bf16" not in set(table.method) or not speedups:
+    if table.empty or REFERENCE_METHOD not in set(table.method) or not speedups:
         table["clip_speedup_vs_bf16"] = math.nan
         table["denoise_speedup_vs_bf16"] = math.nan
         return table
-    base = table.set_index("method").loc["bf16"]
+    base = table.set_index("method").loc[REFERENCE_METHOD]
     table["clip_speedup_vs_bf16"] = base.clip_s / table.clip_s
     table["denoise_speedup_vs_bf16"] = base.denoise_s / table.denoise_s
     return table

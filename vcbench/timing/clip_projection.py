@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from vcbench.errors import UserError
-from vcbench.kernels import get_method
+from vcbench.kernels import REFERENCE_METHOD, get_method
 from vcbench.kernels.spec.vsmooth import GroupingSchedule
 from vcbench.timing.clip_arithmetic import joined, projection_table
 from vcbench.timing.clip_parts import (
@@ -45,7 +45,7 @@ from vcbench.timing.clip_parts import (
 )
 
 COMMAND = "project-clip"
-DEFAULT_METHODS = ("bf16", "sage2-8bit", "fp8-fa4", "vc-8bit-vsmooth", "vc-8bit")
+DEFAULT_METHODS = (REFERENCE_METHOD, "sage2-8bit", "fp8-fa4", "vc-8bit-vsmooth", "vc-8bit")
 
 
 @dataclass
@@ -102,7 +102,7 @@ def project_clip(req: Request, out: Path, spec: ClipSpec = WAN22_720P,
     from vcbench.runs import RunFolder
 
     check_request(req)
-    methods = list(dict.fromkeys(["bf16", *req.methods]))  # every speedup against bf16 here
+    methods = list(dict.fromkeys([REFERENCE_METHOD, *req.methods]))  # speedups against it, here
     device, dtype = default_device_dtype(req.device)
     text = label(spec, device, req.backend)
     config = {"model": "wan22-t2v-a14b", "random_weights": True, "projected": True,

@@ -29,8 +29,7 @@ from vcbench.kernels.spec.method import Plan
 from vcbench.registry import Registry
 
 BACKENDS: Registry[Backend] = Registry("backend", "vcbench.backends")
-for _b in (FA4, CUDNN, SAGE2_OFFICIAL, SM90, TRITON, NVFP4):
-    BACKENDS.register(_b)
+BACKENDS.register_builtins((FA4, CUDNN, SAGE2_OFFICIAL, SM90, TRITON, NVFP4))
 KERNEL_ENV = "VCBENCH_KERNEL"  # auto (default) | a backend's name or alias: tried first
 _AUTO = object()
 __all__ = ["BACKENDS", "CUDNN", "FA4", "KERNEL_ENV", "NVFP4", "NVFP4_IMPLEMENTATION",
