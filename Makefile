@@ -44,7 +44,7 @@ test: $(SETUP)
 	$(PYTHON) -m pytest -q
 
 lint: $(SETUP)
-	$(PYTHON) -m ruff check vcbench tests benchmarks
+	$(PYTHON) -m ruff check vcbench tests benchmarks examples
 
 # The compiled VC-Attention kernel for Hopper (vcbench/kernels/backends/sm90/csrc): built into
 # ~/.cache/vcbench/kernels (VCBENCH_KERNEL_CACHE) on a machine with nvcc and a CUDA torch.

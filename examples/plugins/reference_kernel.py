@@ -12,7 +12,6 @@ kernel would read them.
 
 from collections import Counter
 
-import torch
 import torch.nn.functional as F
 
 import vcbench

@@ -18,7 +18,12 @@ def load(path, device, dtype):
     from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
 
     from vcbench.pipelines.text_conditioning import ByteConditioning
-    from vcbench.pipelines.tiny import TEXT_DIM, wan_scheduler, wan_transformer_config, wan_vae_config
+    from vcbench.pipelines.tiny import (
+        TEXT_DIM,
+        wan_scheduler,
+        wan_transformer_config,
+        wan_vae_config,
+    )
     from vcbench.pipelines.wan import call_wan
 
     torch.manual_seed(7)  # the same weights on every machine
