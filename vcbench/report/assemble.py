@@ -93,10 +93,13 @@ def build_report(paths: list[Path], out: Path, title: str | None = None) -> Repo
         csv(long, "fidelity")
         md += ["## Fidelity against bf16 (Tables 2 and 3)", "",
                "Mean over clips ± half width of the 95% Student-t interval; `clips` is the number "
-               "of clips averaged. Bold: best low-bit method of a column, underlined: second.", ""]
+               "of clips averaged. Bold: the best low-bit method of a column, only where its "
+               "95% interval lies clear of every other low-bit method's.", ""]
         for model in dict.fromkeys(long.model):
             wide = tables.fidelity_wide(long, model)
             md += [f"### {model}{_random_tag(runs, model)}", "", tables.markdown(wide), ""]
+            note = tables.no_best_note(long, model)
+            md += [note, ""] if note else []
             if main.empty:
                 main = tables.fidelity_wide(long, model, marked=False)
                 main_title = f"fidelity vs bf16 (mean ± 95% CI), {model}{_random_tag(runs, model)}"
