@@ -262,3 +262,14 @@ def test_speedup_bars_mark_the_nvfp4_fidelity_kernel():
                          "implementation": ["flash-attn-4", NVFP4_IMPLEMENTATION, "vcbench-sm90"]})
     assert _with_fidelity_label(rows) == ["bf16", "sage3-4bit\n(nvfp4 on fp16 mma)", "vc-8bit"]
     assert _with_fidelity_label(rows.drop(columns="implementation")) == list(rows.method)
+
+
+def test_axis_labels_say_which_way_is_better():
+    from vcbench.metrics import ALL, LOWER_IS_BETTER
+    from vcbench.report.figures import axis_label
+
+    assert axis_label("psnr") == "PSNR (dB, higher is better)"
+    assert axis_label("lpips") == "LPIPS (lower is better)"
+    for metric in ALL:
+        assert axis_label(metric).endswith(
+            "lower is better)" if metric in LOWER_IS_BETTER else "higher is better)")
