@@ -151,7 +151,7 @@ def test_best_is_bold_only_where_its_interval_is_clear_of_every_other():
     table = fidelity_wide(touching, "m")
     assert not table.lpips.str.contains(r"\*\*").any()
     assert no_best_note(touching, "m") == \
-        "No bold in lpips (the 95% intervals of vc-8bit and fp8-fa4 overlap)."
+        "No bold in lpips: the 95% intervals of vc-8bit and fp8-fa4 overlap."
     one = long_table({**ref, "vc-8bit": (30.0, 1.0)}, "psnr")
     assert best(one, "psnr")[0] is None and "fewer than two" in no_best_note(one, "m")
     single_clip = long_table({**ref, "fp8-fa4": (27.0, math.nan), "vc-8bit": (30.0, 1.0)}, "psnr")

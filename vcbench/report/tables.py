@@ -288,10 +288,13 @@ def no_best_note(long: pd.DataFrame, model: str) -> str:
     """One line naming the columns of `model`'s table with no bold, and why."""
     mine = long[long.model == model]
     reasons = {m: best(mine, m)[1] for m in _metrics(mine)}
-    missing = {m: why for m, why in reasons.items() if why}
-    if not missing:
+    by_reason: dict[str, list[str]] = {}
+    for metric, why in reasons.items():
+        if why:
+            by_reason.setdefault(why, []).append(metric)
+    if not by_reason:
         return ""
-    return "No bold in " + "; ".join(f"{m} ({why})" for m, why in missing.items()) + "."
+    return "No bold in " + "; in ".join(f"{', '.join(ms)}: {why}" for why, ms in by_reason.items()) + "."
 
 
 def _keys(mine: pd.DataFrame) -> list[tuple[str, str]]:
