@@ -62,7 +62,7 @@ def metric_per_model(long: pd.DataFrame, metric: str, path: Path, note: str) -> 
         return None
     widest = max(int((data.model == m).sum()) for m in models)
     fig, axes = plt.subplots(1, len(models), figsize=((1.5 + 0.75 * widest) * len(models), 3.8),
-                             squeeze=False)
+                             squeeze=False, layout="constrained")
     for ax, model in zip(axes[0], models, strict=True):
         rows = data[data.model == model].copy()
         rows["order"] = [method_order(m) for m in rows.method]
