@@ -44,10 +44,13 @@ def heat(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
     return np.round(colormaps["inferno"](np.sqrt(d / 255.0))[..., :3] * 255).astype(np.uint8)
 
 
-def test_clip_and_difference_videos_hold_the_exact_pixels(tmp_path):
-    pytest.importorskip("av")
+@pytest.fixture
+def webm():
     if not html.can_encode_webm():
-        pytest.skip("this PyAV has no libvpx-vp9 encoder")
+        pytest.skip("needs PyAV with the libvpx-vp9 encoder (the page then uses PNG strips)")
+
+
+def test_clip_and_difference_videos_hold_the_exact_pixels(tmp_path, webm):
     gen = make_generate_run(tmp_path / "gen")
     report = build_report([gen], tmp_path / "out")
     folder = tmp_path / "out" / "clips" / "tiny-wan" / "p001_s1"
@@ -217,3 +220,21 @@ def test_png_strips_follow_the_sync_control_in_a_browser(browser, tmp_path, monk
     browser.execute_script("window.vcbenchSync.seekFrame(2)")
     assert {s.get_attribute("data-frame") for s in strips} == {"2"}
     assert errors(browser) == []
+
+
+def test_a_run_scored_against_another_runs_bf16_gets_its_difference_clips(tmp_path, webm):
+    from vcbench.scoring import ScoreOptions, score, write_outputs
+
+    ref = make_generate_run(tmp_path / "ref", methods=(REFERENCE,), with_score=False)
+    cand = make_generate_run(tmp_path / "u", methods=("vc-8bit",), with_score=False,
+                             schedule={"schedule_placement": "uniform"})
+    write_outputs(score(ref, cand, ScoreOptions(["psnr"])), cand / "score.json", None)
+    build_report([ref, cand], tmp_path / "out")
+    page = (tmp_path / "out" / "report.html").read_text()
+    folder = tmp_path / "out" / "clips" / "tiny-wan" / "p000_s1"
+    assert (folder / f"{REFERENCE}.webm").is_file()
+    assert (folder / "vc-8bit_schedule_placement_uniform.diff.webm").is_file()
+    assert 'data-name="vc-8bit [schedule_placement=uniform]"' in page
+    assert page.count('<tr data-metric="psnr"><th title="higher is better">PSNR ↑</th><td>') == 4
+    # The links to a clip's own files are relative to the report folder.
+    assert 'href="../u/clips/vc-8bit/p000/s1/frames"' in page

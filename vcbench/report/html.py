@@ -228,9 +228,10 @@ def _uint8_rgb(frames: np.ndarray) -> np.ndarray:
 
 
 def _default_zoom(widths: list[int]) -> float:
-    """The largest zoom that keeps the widest clip within 256 px on screen (64 px clips: 4x)."""
-    widest = max(widths, default=256)
-    fitting = [z for z in ZOOMS if widest * z <= 256]
+    """The largest zoom that keeps the widest clip within 160 px on screen (64 px clips: 2x),
+    so four methods with their difference clips fit a laptop's width; the page can zoom."""
+    widest = max(widths, default=160)
+    fitting = [z for z in ZOOMS if widest * z <= 160]
     return max(fitting) if fitting else ZOOMS[0]
 
 
