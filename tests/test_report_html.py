@@ -148,7 +148,7 @@ def box(element) -> dict:
     return {**r, "right": r["x"] + r["width"], "bottom": r["y"] + r["height"]}
 
 
-def test_page_plays_in_sync_in_a_browser(browser, tiny_report, tmp_path):
+def test_page_plays_in_sync_in_a_browser(browser, webm, tiny_report, tmp_path):
     from selenium.webdriver.common.by import By
 
     browser.get(tiny_report.as_uri())
