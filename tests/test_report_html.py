@@ -5,6 +5,7 @@ a prompt's clips in one row, each difference clip beside its clip, the scores un
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import shutil
@@ -238,3 +239,19 @@ def test_a_run_scored_against_another_runs_bf16_gets_its_difference_clips(tmp_pa
     assert page.count('<tr data-metric="psnr"><th title="higher is better">PSNR ↑</th><td>') == 4
     # The links to a clip's own files are relative to the report folder.
     assert 'href="../u/clips/vc-8bit/p000/s1/frames"' in page
+
+
+def test_a_large_clip_is_encoded_lossy_and_says_so(monkeypatch, webm):
+    from score_fixtures import smooth_clip
+
+    monkeypatch.setattr(html, "LOSSLESS_MAX_PIXELS", 100)
+    frames = smooth_clip(3, frames=4, height=33, width=31)  # odd sides: 4:2:0 pads them
+    data, how = html.encode_webm(frames)
+    assert how.startswith("lossy")
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        decoded = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+    assert decoded.shape == (4, 34, 32, 3)
+    error = np.abs(decoded[:, :33, :31].astype(int) - frames.astype(int))
+    assert 0 < error.mean() < 8  # lossy, but the same picture
