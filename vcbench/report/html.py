@@ -169,10 +169,10 @@ def write_media(frames: np.ndarray, path: Path, out: Path, webm: bool) -> Media:
     t, h, w = frames.shape[:3]
     if webm:
         data, how = encode_webm(frames)
-        path, kind = path.with_suffix(path.suffix + ".webm"), "video"
+        path, kind = path.with_name(path.name + ".webm"), "video"
     else:
         data, how = encode_strip(frames), "PNG frames (no PyAV with libvpx: stepped by the page)"
-        path, kind = path.with_suffix(path.suffix + ".png"), "strip"
+        path, kind = path.with_name(path.name + ".png"), "strip"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, data)
     return Media(path.relative_to(out).as_posix(), kind, t, h, w, how)
@@ -190,11 +190,11 @@ def write_html(runs: Runs, out: Path, md: str, heading: str) -> tuple[Path, list
     for group in groups(runs):
         folder = out / "clips" / _slug(group.model) / f"{_slug(group.prompt_id)}_s{group.seed}"
         ref = group.reference
-        ref_frames = read_clip(ref.run.path / ref.clip["frames_dir"]).frames if ref else None
+        ref_frames = _uint8_rgb(read_clip(ref.run.path / ref.clip["frames_dir"]).frames) \
+            if ref else None
         cards = []
         for entry in group.entries:
-            frames = read_clip(entry.run.path / entry.clip["frames_dir"]).frames
-            frames = _uint8_rgb(frames)
+            frames = _uint8_rgb(read_clip(entry.run.path / entry.clip["frames_dir"]).frames)
             clip = write_media(frames, folder / _slug(entry.name), out, webm)
             written.append(out / clip.src)
             widths.append(clip.width)
@@ -203,10 +203,10 @@ def write_html(runs: Runs, out: Path, md: str, heading: str) -> tuple[Path, list
                 pass
             elif ref_frames is None:
                 why_none = f"no {tables.REFERENCE} clip of this prompt and seed"
-            elif _uint8_rgb(ref_frames).shape != frames.shape:
+            elif ref_frames.shape != frames.shape:
                 why_none = f"shape {frames.shape} differs from {tables.REFERENCE}'s {ref_frames.shape}"
             else:
-                diff = write_media(difference(_uint8_rgb(ref_frames), frames),
+                diff = write_media(difference(ref_frames, frames),
                                    folder / f"{_slug(entry.name)}.diff", out, webm)
                 written.append(out / diff.src)
             cards.append(_card(entry, clip, diff, why_none, out))
