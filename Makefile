@@ -18,10 +18,11 @@ endif
 # a local wheel cache pip takes them from there.
 .DEFAULT_GOAL := help
 
-.PHONY: help setup test demo lint
+.PHONY: help setup browser test demo lint
 help:
 	@echo "make setup   create .venv and install vcbench with its dev tools"
-	@echo "make test    run the test suite (CPU; GPU tests skip)"
+	@echo "make test    run the test suite (CPU; GPU tests skip); installs Chromium first (make browser)"
+	@echo "make browser Debian's chromium + chromium-driver for report.html's test (as root with apt; else a note)"
 	@echo "make demo    the main job on the embedded tiny default, on CPU"
 	@echo "make table1 fig3 fig4 fig5    kernel analyses (synthetic tensors unless the YAML names captures)"
 	@echo "make table2 MODEL=tiny|wan22|hunyuan15|minimax-h3|longcat GPU=datacenter|workstation [MODEL_PATH=DIR]"
@@ -40,7 +41,16 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-test: $(SETUP)
+# report.html's test drives a headless Chromium. Install Debian's when it is missing and this
+# user can (root with apt-get); anywhere else this only says so, and that one test skips.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; } \
+	    || echo "note: apt-get could not install chromium: the report.html browser test will skip"; \
+	else echo "note: no chromium/chromedriver (and no root apt-get): the report.html browser test will skip"; fi
+
+test: $(SETUP) browser
 	$(PYTHON) -m pytest -q
 
 lint: $(SETUP)
@@ -55,8 +65,8 @@ kernels: $(SETUP)
 # The whole chain on tiny-wan (the trained ToyWan shipped in the package) on CPU: every method,
 # 2 held-out captions x 2 seeds at the model's own size (17 frames of 64x64, 20 steps), scored
 # against bf16; the caption check of the weights (20 held-out captions; fails the target below
-# 70%); the kernel analyses on small synthetic tensors; one report. generate resumes, so a rerun
-# only redoes what is missing.
+# 70%); the kernel analyses on small synthetic tensors; one report (report.md, and report.html
+# to watch every clip beside bf16). generate resumes, so a rerun only redoes what is missing.
 DEMO     := results/demo
 METHODS_ALL := bf16,fp8-fa4,sage2-8bit,sage3-4bit,attnqat-tf,vc-8bit,vc-8bit-vsmooth,vc-4bit,vc-8bit-fp8qk
 TINY     := --model tiny-wan --prompts experiments/demo-prompts.txt --seeds 0,1

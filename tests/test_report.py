@@ -111,7 +111,10 @@ def test_report_rows_and_cis_of_two_runs(tmp_path):
     assert cell, md
     assert float(cell[1]) == pytest.approx(psnr.loc["vc-8bit", "mean"], abs=0.051)
     assert float(cell[2]) == pytest.approx(psnr.loc["vc-8bit", "ci95_half"], abs=0.051)
-    assert "<u>" in md  # the second best, underlined
+    # Bold because the intervals, computed here by hand above, are clear of each other.
+    low = psnr.loc["vc-8bit", "mean"] - psnr.loc["vc-8bit", "ci95_half"]
+    assert low > psnr.loc["fp8-fa4", "mean"] + psnr.loc["fp8-fa4", "ci95_half"]
+    assert "<u>" not in md
     assert "## ExpCast-FP8 vs exp-then-cast (Figure 5)" in md
     assert list(report.main.method) == ["bf16", "fp8-fa4", "vc-8bit"]
     clip = pd.read_csv(tmp_path / "out" / "clip_time.csv").set_index("method")
@@ -119,6 +122,40 @@ def test_report_rows_and_cis_of_two_runs(tmp_path):
     # A CPU emulation's wall clock is not sold as speed: no speedup, no speedup figure.
     assert "emulated in PyTorch" in md and clip.speedup_vs_bf16.isna().all()
     assert not (tmp_path / "out" / "speedup.png").exists()
+
+
+def long_table(rows: dict[str, tuple[float, float]], metric: str) -> pd.DataFrame:
+    """A fidelity long table of one model: method -> (mean, CI half width), 4 clips each."""
+    return pd.DataFrame([{"model": "m", "method": k, "variant": "", "metric": metric, "mean": m,
+                          "ci95_half": h, "n": 4} for k, (m, h) in rows.items()])
+
+
+def test_best_is_bold_only_where_its_interval_is_clear_of_every_other():
+    from vcbench.report.tables import best, fidelity_wide, no_best_note
+
+    ref = {"bf16": (math.nan, math.nan)}
+    # Clear of the runner-up (30 - 1 > 27 + 1) and of the third.
+    clear = long_table({**ref, "fp8-fa4": (27.0, 1.0), "vc-8bit": (30.0, 1.0),
+                        "vc-4bit": (20.0, 5.0)}, "psnr")
+    assert best(clear, "psnr") == (("vc-8bit", ""), "")
+    assert fidelity_wide(clear, "m").set_index("method").loc["vc-8bit", "psnr"] == "**30.0 ± 1.0**"
+    assert no_best_note(clear, "m") == ""
+    # Runner-up clear, but the third's wide interval reaches the best's: no winner.
+    third = long_table({**ref, "fp8-fa4": (27.0, 1.0), "vc-8bit": (30.0, 1.0),
+                        "vc-4bit": (20.0, 9.5)}, "psnr")
+    assert best(third, "psnr")[0] is None
+    # LPIPS: lower is better, so the smallest mean is the candidate.
+    lpips = long_table({**ref, "fp8-fa4": (0.20, 0.01), "vc-8bit": (0.05, 0.01)}, "lpips")
+    assert best(lpips, "lpips")[0] == ("vc-8bit", "")
+    touching = long_table({**ref, "fp8-fa4": (0.20, 0.08), "vc-8bit": (0.05, 0.08)}, "lpips")
+    table = fidelity_wide(touching, "m")
+    assert not table.lpips.str.contains(r"\*\*").any()
+    assert no_best_note(touching, "m") == \
+        "No bold in lpips: the 95% intervals of vc-8bit and fp8-fa4 overlap."
+    one = long_table({**ref, "vc-8bit": (30.0, 1.0)}, "psnr")
+    assert best(one, "psnr")[0] is None and "fewer than two" in no_best_note(one, "m")
+    single_clip = long_table({**ref, "fp8-fa4": (27.0, math.nan), "vc-8bit": (30.0, 1.0)}, "psnr")
+    assert "fp8-fa4 has no interval" in no_best_note(single_clip, "m")
 
 
 def make_timeit_run(root: Path) -> Path:
@@ -225,3 +262,14 @@ def test_speedup_bars_mark_the_nvfp4_fidelity_kernel():
                          "implementation": ["flash-attn-4", NVFP4_IMPLEMENTATION, "vcbench-sm90"]})
     assert _with_fidelity_label(rows) == ["bf16", "sage3-4bit\n(nvfp4 on fp16 mma)", "vc-8bit"]
     assert _with_fidelity_label(rows.drop(columns="implementation")) == list(rows.method)
+
+
+def test_axis_labels_say_which_way_is_better():
+    from vcbench.metrics import ALL, LOWER_IS_BETTER
+    from vcbench.report.figures import axis_label
+
+    assert axis_label("psnr") == "PSNR (dB, higher is better)"
+    assert axis_label("lpips") == "LPIPS (lower is better)"
+    for metric in ALL:
+        assert axis_label(metric).endswith(
+            "lower is better)" if metric in LOWER_IS_BETTER else "higher is better)")

@@ -468,16 +468,19 @@ def check_tiny(
 
 @app.command()
 def report(runs: list[Path] = typer.Argument(..., help="Run folders: generate (with score.json), timeit, analyze."),
-           out: Path = typer.Option(Path("results/report"), "--out", help="Folder for report.md, CSVs, PNGs."),
+           out: Path = typer.Option(Path("results/report"), "--out", help="Folder for report.md, report.html (+ clips/), CSVs, PNGs."),
            title: str = typer.Option(None, "--title", help="Heading of report.md; {card} becomes the runs' GPU (or CPU).")) -> None:
-    """Join run folders into report.md with tables (n, 95% CI), CSVs and PNG figures."""
+    """Join run folders into report.md with tables (n, 95% CI), CSVs and PNG figures, and
+    report.html: the same plus every clip side by side with its difference from bf16, in sync."""
     from vcbench.display import print_table
     from vcbench.report import build_report
 
     result = build_report(runs, out, title)
     if not result.main.empty:
         print_table(result.main, title=result.main_title)
-    console.print(f"{len(result.files) - 1} tables and figures beside it")
+    console.print(f"{len(result.files) - 2} tables and figures beside it; report.html plays "
+                  f"{len(result.clips)} clip files side by side")
+    print(result.out / "report.html")
     print(result.out / "report.md")
 
 

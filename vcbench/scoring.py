@@ -61,7 +61,8 @@ class ScoreResult:
         return {"ref": self.ref, "cand": self.cand, "metrics": self.metrics, "device": self.device,
                 "rows": self.rows, "mean": shaped(lambda s: s["mean"]),
                 "ci95": shaped(lambda s: [s["ci95_low"], s["ci95_high"]]),
-                "summary": self.summary, "warnings": self.warnings, "libraries": library_versions()}
+                "summary": self.summary, "warnings": self.warnings, "libraries": library_versions(),
+                "metric_info": metric_info(self.metrics)}
 
     def rows_frame(self) -> pd.DataFrame:
         df = pd.DataFrame(self.rows)
@@ -70,6 +71,16 @@ class ScoreResult:
 
     def summary_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.summary)
+
+
+def metric_info(names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each metric's direction and kind, recorded beside the scores: a report renders a
+    plugin's metric without the plugin."""
+    from vcbench.metrics import METRICS
+
+    return {n: {"higher_is_better": METRICS.get(n).higher_is_better,
+                "absolute": METRICS.get(n).absolute, "origin": METRICS.origin(n).describe()}
+            for n in names}
 
 
 def score(ref: Path, cand: Path | None, options: ScoreOptions, show_progress: bool = False) -> ScoreResult:

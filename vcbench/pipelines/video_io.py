@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+PREVIEW_FPS = 16  # frames per second of the clips made for people (preview.mp4, report.html)
+
 
 def frame_name(i: int) -> str:
     return f"{i:06d}.png"
@@ -63,7 +65,7 @@ def can_write_mp4() -> bool:
     return importlib.util.find_spec("av") is not None
 
 
-def write_mp4(frames: np.ndarray, path: Path, fps: int = 16) -> None:
+def write_mp4(frames: np.ndarray, path: Path, fps: int = PREVIEW_FPS) -> None:
     """H.264 preview for people (lossy; never scored). Written to a temp name, then renamed."""
     import av
 

@@ -3,6 +3,8 @@
     OUT/report.md          provenance, fidelity per model, clip time (measured, or projected
                            by project-clip), attention speedup, frame strips, kernel
                            analyses: each table with its figure
+    OUT/report.html        the same, after every clip to watch side by side with its
+                           difference from bf16, all in sync (html.py); OUT/clips/ its videos
     OUT/*.csv              every table the report shows, in full precision
     OUT/*.png              the figures
 
@@ -19,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from vcbench.errors import UserError
-from vcbench.report import figures, tables
+from vcbench.report import figures, html, tables
 from vcbench.report.load import GenerateRun, Runs, load_runs
 from vcbench.runs import atomic_write_bytes, atomic_write_text
 
@@ -51,7 +53,8 @@ class Report:
     out: Path
     main: pd.DataFrame  # the table printed in the terminal
     main_title: str
-    files: list[Path] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)  # report.md, report.html, tables, figures
+    clips: list[Path] = field(default_factory=list)  # the videos report.html plays
 
 
 def build_report(paths: list[Path], out: Path, title: str | None = None) -> Report:
@@ -93,10 +96,13 @@ def build_report(paths: list[Path], out: Path, title: str | None = None) -> Repo
         csv(long, "fidelity")
         md += ["## Fidelity against bf16 (Tables 2 and 3)", "",
                "Mean over clips ± half width of the 95% Student-t interval; `clips` is the number "
-               "of clips averaged. Bold: best low-bit method of a column, underlined: second.", ""]
+               "of clips averaged. Bold: the best low-bit method of a column, only where its "
+               "95% interval lies clear of every other low-bit method's.", ""]
         for model in dict.fromkeys(long.model):
             wide = tables.fidelity_wide(long, model)
             md += [f"### {model}{_random_tag(runs, model)}", "", tables.markdown(wide), ""]
+            note = tables.no_best_note(long, model)
+            md += [note, ""] if note else []
             if main.empty:
                 main = tables.fidelity_wide(long, model, marked=False)
                 main_title = f"fidelity vs bf16 (mean ± 95% CI), {model}{_random_tag(runs, model)}"
@@ -149,13 +155,14 @@ def build_report(paths: list[Path], out: Path, title: str | None = None) -> Repo
         count = kinds.count(run.kind)
         _analysis_section(run, out, md, csv, figure, suffix="" if count == 1 else f"_{count}")
     atomic_write_text(out / "report.md", "\n".join(md))
-    files.insert(0, out / "report.md")
+    page, clips = html.write_html(runs, out, "\n".join(md), heading)
+    files[:0] = [out / "report.md", page]
     if main.empty and len(speed):
         main, main_title = speed.drop(columns=["run"]), "attention speedup over bf16"
     elif main.empty and len(projected):
         main = projected.drop(columns=["run", "label"])
         main_title = "clip time per method (projected, not measured)"
-    return Report(out, main, main_title, files)
+    return Report(out, main, main_title, files, clips)
 
 
 def _random_tag(runs: Runs, model: str) -> str:

@@ -19,8 +19,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from vcbench.report.tables import REFERENCE, label, method_order  # noqa: E402
+from vcbench.report.tables import REFERENCE, higher_is_better, label, method_order  # noqa: E402
 from vcbench.runs import atomic_write_bytes  # noqa: E402
+
+# How a metric is named on an axis, and its unit (None: a plain number).
+METRIC_NAMES = {"psnr": ("PSNR", "dB"), "ssim": ("SSIM", None), "lpips": ("LPIPS", None),
+                "subject_consistency": ("subject consistency", None),
+                "imaging_quality": ("imaging quality", None)}
+
+
+def axis_label(metric: str) -> str:
+    """'PSNR (dB, higher is better)': the name, unit and which way is better, read from the
+    metrics' own declaration so an axis never disagrees with the table's ranking."""
+    name, unit = METRIC_NAMES.get(metric, (metric, None))
+    better = "higher" if higher_is_better(metric) else "lower"
+    return f"{name} ({unit + ', ' if unit else ''}{better} is better)"
 
 
 def save(fig, path: Path) -> Path:
@@ -48,7 +61,7 @@ def metric_per_model(long: pd.DataFrame, metric: str, path: Path, note: str) -> 
         return None
     widest = max(int((data.model == m).sum()) for m in models)
     fig, axes = plt.subplots(1, len(models), figsize=((1.5 + 0.75 * widest) * len(models), 3.8),
-                             squeeze=False)
+                             squeeze=False, layout="constrained")
     for ax, model in zip(axes[0], models, strict=True):
         rows = data[data.model == model].copy()
         rows["order"] = [method_order(m) for m in rows.method]
@@ -63,7 +76,7 @@ def metric_per_model(long: pd.DataFrame, metric: str, path: Path, note: str) -> 
                       rotation=35, ha="right", fontsize=8)
         ax.set_xlim(-0.5, len(rows) - 0.2)
         ax.set_title(model, fontsize=10)
-        ax.set_ylabel(f"{metric} vs bf16 (mean, 95% CI)")
+        ax.set_ylabel(f"{axis_label(metric)}\nvs {REFERENCE}: mean, 95% CI", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(note, fontsize=8)
     return save(fig, path)
@@ -103,7 +116,7 @@ def speedup_bars(speed: pd.DataFrame, clip: pd.DataFrame, path: Path, note: str,
         if rows.empty:
             continue
         base = rows.implementation[rows.method == REFERENCE]
-        bf16 = f"; bf16 = {base.iloc[0]}" if len(base) else ""
+        bf16 = f"; {REFERENCE} = {base.iloc[0]}" if len(base) else ""
         panels.append((f"clip wall clock, PROJECTED ({rows.model.iloc[0]}{bf16})\n"
                        + textwrap.fill(text, 58), list(rows.method), list(rows.clip_speedup_vs_bf16),
                        True))
@@ -119,7 +132,7 @@ def speedup_bars(speed: pd.DataFrame, clip: pd.DataFrame, path: Path, note: str,
         for i, v in enumerate(values):
             ax.annotate(f"{v:.2f}x", (i, v), ha="center", va="bottom", fontsize=7)
         ax.set_title(title, fontsize=9 if title.count("\n") < 2 else 7)
-        ax.set_ylabel("speedup over bf16")
+        ax.set_ylabel(f"speedup over {REFERENCE} (higher is better)")
     fig.suptitle(textwrap.fill(note, 75 * len(panels)), fontsize=8)
     return save(fig, path)
 
@@ -159,7 +172,7 @@ def expcast_figure(byte_map: pd.DataFrame, path: Path, note: str) -> Path:
     b.plot(byte_map.f, 100 * byte_map.expcast_rel_error, color="#e15759")
     b.axhline(0, color="k", lw=0.6)
     b.set_xlabel("fractional part f of the log2 score")
-    b.set_ylabel("relative error of decoded P (%)")
+    b.set_ylabel("relative error of decoded P (%; 0 is exact)")
     b.set_title("ExpCast-FP8 relative error", fontsize=9)
     fig.suptitle(note, fontsize=8)
     return save(fig, path)
@@ -173,7 +186,7 @@ def kernel_error_figure(table: pd.DataFrame, path: Path, note: str) -> Path:
     ax.bar(x + 0.2, table.value_term, 0.4, label="value term ||P_q(V-V_q)|| / ||O||")
     ax.set_xticks(x, table.method, rotation=35, ha="right", fontsize=8)
     ax.set_yscale("log")
-    ax.set_ylabel("relative L2 error")
+    ax.set_ylabel("relative L2 error (lower is better)")
     ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
     fig.suptitle(note, fontsize=8, y=1.02)
     return save(fig, path)
@@ -189,7 +202,8 @@ def token_order_figure(table: pd.DataFrame, path: Path, note: str) -> Path:
         tag = "with V Hadamard" if had else "no rotation"
         a.bar(x + offset, rows.energy_share, 0.4, label=tag)
         b.bar(x + offset, rows.value_error, 0.4, label=tag)
-    for ax, ylabel in ((a, "block-energy share (Eq. 5)"), (b, "relative value error")):
+    for ax, ylabel in ((a, "block-energy share removed (Eq. 5;\nhigher is better)"),
+                       (b, "relative value error (lower is better)")):
         ax.set_xticks(x, orders, fontsize=8)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)

@@ -248,37 +248,74 @@ def fmt_ci(mean: float, half: float) -> str:
 
 def fidelity_wide(long: pd.DataFrame, model: str, marked: bool = True) -> pd.DataFrame:
     """One row per method of `model`: 'mean ± half' per metric, plus n clips. With `marked`,
-    best bold and second underlined (Markdown) per column among the low-bit methods; bf16 is
-    the reference and shows 'reference' for the metrics measured against it."""
+    a column's best low-bit method is bold (Markdown) where `best` finds one; bf16 is the
+    reference and shows 'reference' for the metrics measured against it."""
     mine = long[long.model == model]
-    metrics = list(dict.fromkeys(mine.metric))
-    keys = sorted({(r.method, r.variant) for r in mine.itertuples()},
-                  key=lambda k: (method_order(k[0]), k[1]))
+    keys = _keys(mine)
     table = pd.DataFrame({"method": [label(*k) for k in keys]})
     table["clips"] = [int(mine[(mine.method == k[0]) & (mine.variant == k[1])].n.max()) for k in keys]
-    for metric in metrics:
-        cells, means = [], []
+    for metric in _metrics(mine):
+        cells = []
         for k in keys:
-            r = mine[(mine.method == k[0]) & (mine.variant == k[1]) & (mine.metric == metric)]
-            mean, half = (r["mean"].iloc[0], r.ci95_half.iloc[0]) if len(r) else (math.nan, math.nan)
-            means.append(mean)
+            mean, half = _cell(mine, k, metric)
             if k[0] == REFERENCE and not math.isfinite(mean):
                 cells.append("reference")
             else:
                 cells.append(fmt_ci(mean, half))
-        better = bool(mine[mine.metric == metric].higher_is_better.dropna().all())
-        order = _rank(means, "max" if better else "min", [k[0] == REFERENCE for k in keys])
-        if marked and len(order) > 0:
-            cells[order[0]] = f"**{cells[order[0]]}**"
-        if marked and len(order) > 1:
-            cells[order[1]] = f"<u>{cells[order[1]]}</u>"
+        winner, _ = best(mine, metric)
+        if marked and winner is not None:
+            cells[keys.index(winner)] = f"**{cells[keys.index(winner)]}**"
         table[metric] = cells
     return table
 
 
-def _rank(means: list[float], direction: str, is_reference: list[bool]) -> list[int]:
-    idx = [i for i, m in enumerate(means) if math.isfinite(m) and not is_reference[i]]
-    return sorted(idx, key=lambda i: -means[i] if direction == "max" else means[i])
+def best(mine: pd.DataFrame, metric: str) -> tuple[tuple[str, str] | None, str]:
+    """The low-bit (method, variant) whose 95% interval lies wholly on the better side of
+    every other low-bit row's interval, or (None, why there is none). The best mean alone is
+    not a winner: with a few clips its interval often overlaps the runner-up's."""
+    rows = [(k, *_cell(mine, k, metric)) for k in _keys(mine) if k[0] != REFERENCE]
+    rows = [r for r in rows if math.isfinite(r[1])]
+    if len(rows) < 2:
+        return None, "fewer than two low-bit methods scored"
+    lower = not bool(mine[mine.metric == metric].higher_is_better.dropna().all())
+    rows.sort(key=lambda r: r[1] if lower else -r[1])
+    (key, mean, half), others = rows[0], rows[1:]
+    if not math.isfinite(half):
+        return None, f"{label(*key)} has no interval (one clip, or an infinite value)"
+    for other, o_mean, o_half in others:
+        if not math.isfinite(o_half):
+            return None, f"{label(*other)} has no interval (one clip, or an infinite value)"
+        clear = mean + half < o_mean - o_half if lower else mean - half > o_mean + o_half
+        if not clear:
+            return None, f"the 95% intervals of {label(*key)} and {label(*other)} overlap"
+    return key, ""
+
+
+def no_best_note(long: pd.DataFrame, model: str) -> str:
+    """One line naming the columns of `model`'s table with no bold, and why."""
+    mine = long[long.model == model]
+    reasons = {m: best(mine, m)[1] for m in _metrics(mine)}
+    by_reason: dict[str, list[str]] = {}
+    for metric, why in reasons.items():
+        if why:
+            by_reason.setdefault(why, []).append(metric)
+    if not by_reason:
+        return ""
+    return "No bold in " + "; in ".join(f"{', '.join(ms)}: {why}" for why, ms in by_reason.items()) + "."
+
+
+def _keys(mine: pd.DataFrame) -> list[tuple[str, str]]:
+    return sorted({(r.method, r.variant) for r in mine.itertuples()},
+                  key=lambda k: (method_order(k[0]), k[1]))
+
+
+def _metrics(mine: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(mine.metric))
+
+
+def _cell(mine: pd.DataFrame, key: tuple[str, str], metric: str) -> tuple[float, float]:
+    r = mine[(mine.method == key[0]) & (mine.variant == key[1]) & (mine.metric == metric)]
+    return (float(r["mean"].iloc[0]), float(r.ci95_half.iloc[0])) if len(r) else (math.nan, math.nan)
 
 
 def markdown(df: pd.DataFrame, digits: int = 4) -> str:
