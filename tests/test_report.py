@@ -265,11 +265,11 @@ def test_speedup_bars_mark_the_nvfp4_fidelity_kernel():
 
 
 def test_axis_labels_say_which_way_is_better():
-    from vcbench.metrics import ALL, LOWER_IS_BETTER
+    from vcbench.metrics import METRICS
     from vcbench.report.figures import axis_label
 
     assert axis_label("psnr") == "PSNR (dB, higher is better)"
     assert axis_label("lpips") == "LPIPS (lower is better)"
-    for metric in ALL:
-        assert axis_label(metric).endswith(
-            "lower is better)" if metric in LOWER_IS_BETTER else "higher is better)")
+    for name, entry in METRICS.items():
+        assert axis_label(name).endswith(
+            "higher is better)" if entry.higher_is_better else "lower is better)")
