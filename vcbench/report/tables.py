@@ -277,7 +277,7 @@ def best(mine: pd.DataFrame, metric: str) -> tuple[tuple[str, str] | None, str]:
     rows = [r for r in rows if math.isfinite(r[1])]
     if len(rows) < 2:
         return None, "fewer than two low-bit methods scored"
-    lower = not bool(mine[mine.metric == metric].higher_is_better.dropna().all())
+    lower = not _higher(mine, metric)
     rows.sort(key=lambda r: r[1] if lower else -r[1])
     (key, mean, half), others = rows[0], rows[1:]
     if not math.isfinite(half):
@@ -307,6 +307,14 @@ def no_best_note(long: pd.DataFrame, model: str) -> str:
 def _keys(mine: pd.DataFrame) -> list[tuple[str, str]]:
     return sorted({(r.method, r.variant) for r in mine.itertuples()},
                   key=lambda k: (method_order(k[0]), k[1]))
+
+
+def _higher(mine: pd.DataFrame, metric: str) -> bool:
+    """The direction `fidelity` recorded beside the rows (a plugin's metric's, from its
+    score.json), else the metric registry's."""
+    recorded = mine[mine.metric == metric].get("higher_is_better")
+    recorded = [] if recorded is None else list(recorded.dropna())
+    return bool(all(recorded)) if recorded else higher_is_better(metric)
 
 
 def _metrics(mine: pd.DataFrame) -> list[str]:
