@@ -229,10 +229,13 @@ def test_a_model_plugin_generates(tmp_path):
 
 
 def test_an_installed_package_registers_through_its_entry_point(tmp_path):
-    site = tmp_path / "site"
+    import shutil
+
+    site, package = tmp_path / "site", tmp_path / "package"  # a copy: the build writes beside it
+    shutil.copytree(EXAMPLES / "sageattention-plugin", package)
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                           "--no-build-isolation", "--no-index", "--target", str(site),
-                          str(EXAMPLES / "sageattention-plugin")], capture_output=True, text=True)
+                          str(package)], capture_output=True, text=True)
     assert pip.returncode == 0, pip.stderr
     env = {**os.environ, "PYTHONPATH": str(site)}
     r = run_vcbench("methods", "--json", env=env)
