@@ -112,3 +112,19 @@ def test_each_methods_default_is_the_documented_one():
     # the paper's split: VC-Attention rotates, the baselines keep their released kernels
     assert [n for n in ROTATING if get_method(n).plan().hadamard_qk] == [
         "vc-8bit", "vc-8bit-vsmooth", "vc-8bit-fp8qk", "vc-4bit"]
+
+
+@pytest.mark.parametrize("method", ROTATING)
+def test_every_gpu_backend_of_a_method_takes_its_rotated_plan(method):
+    # vcbench's own kernels (those with a preprocessing of their own; the compiled sm_90a
+    # kernel reads the codes the Triton preprocessing makes, rotation and all) take the plan
+    # either way: the option must not cost a method its kernels. An external kernel (the
+    # official SageAttention) takes only its released configuration.
+    from vcbench.kernels.backends import BACKENDS
+
+    own = [b for b in BACKENDS if b.prepare is not None]
+    shape = (1, 40, 75600, 128)
+    takers = {rotated: [b.name for b in own
+                        if b.supports(get_method(method).plan({"hadamard_qk": rotated}), shape) is None]
+              for rotated in (False, True)}
+    assert takers[True] == takers[False] and takers[True], method
