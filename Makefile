@@ -29,6 +29,7 @@ help:
 	@echo "make table3 [MODEL=... MODEL_PATH=DIR]    grouping-schedule ablation"
 	@echo "make table4 [MODEL=... MODEL_PATH=DIR]    FP8 scores: vc-8bit-fp8qk against fp8-fa4 (+ timeit on a GPU)"
 	@echo "make fig6 [MODEL_PATH=DIR]    attention and clip speedup over bf16 (clip projected without MODEL_PATH); needs a GPU"
+	@echo "make fig7    the preprocessing chain fused one stage at a time (Wan2.2 shape); needs a GPU"
 	@echo "make kernels the compiled sm_90a attention kernel (needs nvcc; VCBENCH_KERNEL=sm90 uses it)"
 	@echo "make lint    ruff"
 	@echo "ENV=system   (with any target) the current Python as it is, no .venv: a GPU box without a registry"
@@ -184,6 +185,15 @@ fig6: $(SETUP)
 	    --backend gpu --methods $(F6_METHODS) --out $(F6)/generate,\
 	    $(VCBENCH) project-clip --methods $(F6_METHODS) --repeats $(REPEATS) --out $(F6)/projection)
 	$(VCBENCH) report $(F6)/timeit $(F6)/$(F6_CLIP) --out $(F6)/report
+
+# Figure 7: one V-Smooth attention call's preprocessing at the Wan2.2 shape (B1 H40 N75600
+# D128), fused one stage at a time, each rung a CUPTI time of the whole chain (analyze fusion).
+F7 = results/fig7
+.PHONY: fig7
+fig7: $(SETUP)
+	@$(HAS_GPU) || { echo "error: make fig7 needs a CUDA GPU (it times kernels with CUPTI); this machine has none" >&2; exit 2; }
+	$(VCBENCH) analyze fusion --shape wan22-720p --out $(F7)
+	$(VCBENCH) report $(F7) --out $(F7)/report
 
 .PHONY: bench
 # TIMEIT_FLAGS: e.g. "--warmup-s 3 --window-s 3" for a quick look (the defaults are 20 s and 10 s)

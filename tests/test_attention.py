@@ -178,8 +178,14 @@ def _errors(q, k, v, methods, **kw):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_fidelity_order_on_video_like_tensors(seed):
     t = synthetic_qkv(seed, heads=2, grid=(4, 16, 32))
-    e = _errors(t.q, t.k, t.v, ["fp8-fa4", "sage2-8bit", "vc-8bit-vsmooth"])
-    assert e["vc-8bit-vsmooth"] < e["sage2-8bit"] < e["fp8-fa4"]
+    # V-Smooth against its host at one QK path, with the QK Hadamard off and on (the VC
+    # default): on these tensors the rotation does not always help the INT8 scores (seed 0:
+    # it raises both methods' error), so the order is only a claim at matched QK paths.
+    for rotated in (False, True):
+        opts = {"hadamard_qk": rotated}
+        e = _errors(t.q, t.k, t.v, ["fp8-fa4", "sage2-8bit", "vc-8bit-vsmooth"],
+                    **{"sage2-8bit": opts, "vc-8bit-vsmooth": opts})
+        assert e["vc-8bit-vsmooth"] < e["sage2-8bit"] < e["fp8-fa4"]
     e4 = _errors(t.q, t.k, t.v, ["attnqat-tf", "sage3-4bit", "vc-4bit"])
     assert e4["vc-4bit"] < e4["sage3-4bit"] < e4["attnqat-tf"]
 

@@ -75,7 +75,10 @@ def test_compiled_matches_emulation(built, method, n, kind):
                                              ("vc-8bit", {"vsmooth": False}),
                                              ("vc-8bit-fp8qk", {"vsmooth": False}),
                                              ("vc-8bit", {"q_granularity": "block"}),
-                                             ("fp8-fa4", {"hadamard_qk": True})])
+                                             ("fp8-fa4", {"hadamard_qk": True}),
+                                             ("sage2-8bit", {"hadamard_qk": True}),
+                                             ("vc-8bit", {"hadamard_qk": False}),
+                                             ("vc-8bit-fp8qk", {"hadamard_qk": False})])
 def test_other_plans_it_covers(built, method, options):
     q, k, v = inputs("outliers", 3001, 128, zlib.crc32(f"{method}{options}".encode()))
     check_against_emulation(q, k, v, method, options)

@@ -57,8 +57,30 @@ def assert_bit_equal(got, want, what):
 @pytest.mark.parametrize("kind", ["normal", "outliers"])
 def test_kernel_matches_emulation(method, n, d, kind):
     seed = zlib.crc32(f"{method}{n}{d}{kind}".encode())
-    q, k, v = inputs(kind, n, d, seed)
-    plan = get_method(method).plan()
+    check_against_emulation(method, {}, *inputs(kind, n, d, seed))
+
+
+# The QK Hadamard on and off against each method's default, on inputs whose Q and K carry the
+# channel outliers a rotation spreads (the VC methods' default rotates; the baselines' is off).
+HADAMARD_CASES = [("sage2-8bit", {"hadamard_qk": True}), ("fp8-fa4", {"hadamard_qk": True}),
+                  ("sage2-8bit", {"hadamard_qk": True, "q_granularity": "block"}),
+                  ("vc-8bit", {"hadamard_qk": False}), ("vc-8bit-fp8qk", {"hadamard_qk": False}),
+                  ("vc-8bit", {}), ("vc-8bit-vsmooth", {}), ("vc-8bit-fp8qk", {})]
+
+
+@pytest.mark.parametrize("method, options", HADAMARD_CASES)
+@pytest.mark.parametrize("n, d", [(4133, 128), (2048, 64)])
+def test_qk_hadamard_matches_emulation_on_channel_outliers(method, options, n, d):
+    q, k, v = inputs("outliers", n, d, zlib.crc32(f"had{method}{options}{n}{d}".encode()))
+    q, k = q.clone(), k.clone()
+    q[..., 7] *= 16
+    k[..., 3] += 12
+    check_against_emulation(method, options, q, k, v)
+
+
+def check_against_emulation(method, options, q, k, v):
+    n = q.shape[-2]
+    plan = get_method(method).plan(options)
     emu = prepare(q, k, v, plan)
     ops = prepare_gpu(q, k, v, plan, permutation=emu.permutation)
     assert_bit_equal(ops.q_scale, emu.q.scale, "Q scales")

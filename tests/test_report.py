@@ -273,3 +273,25 @@ def test_axis_labels_say_which_way_is_better():
     for name, entry in METRICS.items():
         assert axis_label(name).endswith(
             "higher is better)" if entry.higher_is_better else "lower is better)")
+
+
+def test_a_fusion_run_renders_figure_7_labelled_with_its_card(tmp_path):
+    from vcbench.analysis.fusion import RUNGS, with_factors
+    from vcbench.runs import RunFolder
+
+    ms = [40.0, 25.0, 16.0, math.nan, 10.0]
+    table = with_factors(pd.DataFrame({"rung": [r for r, _ in RUNGS], "stage": [s for _, s in RUNGS],
+                                       "ms": ms, "note": ["", "", "", "not built", ""]}))
+    # factors by hand: each timed rung over the one before it (the untimed rung skipped)
+    assert table.step_factor.tolist()[1:3] == [1.6, 25.0 / 16.0] and math.isnan(table.step_factor[3])
+    assert table.step_factor[4] == 1.6 and table.cumulative_factor[4] == 4.0
+    root = tmp_path / "fig7"
+    config = {"method": "vc-8bit-vsmooth", "shape": [1, 40, 75600, 128], "device": "NVIDIA H200"}
+    with RunFolder.create(root, "analyze fusion", config) as run:
+        run.table("fusion", table)
+    build_report([root], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Figure 7" in md and "on NVIDIA H200" in md and "](fig7_fusion.png)" in md
+    image = read_png(tmp_path / "out" / "fig7_fusion.png")
+    assert image.shape[0] > 150 and (image < 200).any(axis=-1).mean() > 0.02
+    assert pd.read_csv(tmp_path / "out" / "fusion.csv").ms.tolist()[:3] == ms[:3]

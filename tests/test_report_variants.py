@@ -17,8 +17,9 @@ def test_parse_variant():
     assert parse_variant("sage3-4bit+hadamard_qk") == ("sage3-4bit", {"hadamard_qk": True})
     with pytest.raises(UserError, match="no on/off option 'block_m'"):
         parse_variant("fp8-fa4+block_m")  # an option with values, not a switch
+    assert parse_variant("sage2-8bit+hadamard_qk") == ("sage2-8bit", {"hadamard_qk": True})
     with pytest.raises(UserError, match="no on/off option 'hadamard_qk'"):
-        parse_variant("sage2-8bit+hadamard_qk")
+        parse_variant("attnqat-tf+hadamard_qk")
     with pytest.raises(UserError, match="unknown method"):
         parse_variant("fp9+hadamard_qk")
 

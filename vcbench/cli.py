@@ -198,6 +198,18 @@ def analyze_token_order(tensors: Path = _TENSORS,
     print_table(table, title="V-Smooth token orders (8-bit V, 128-row blocks)", caption=label)
 
 
+@analyze_app.command("fusion")
+def analyze_fusion(shape: str = typer.Option("wan22-720p", "--shape", help="A timeit preset (B, H, N, D)."),
+                   seconds: str = typer.Option("3,3", "--seconds", help="warm-up,window per rung (s)."),
+                   json: Path = _JSON, out: Path = _OUT) -> None:
+    """Figure 7 on a GPU: one V-Smooth call's preprocessing chain, fused one stage at a time."""
+    from vcbench.analysis.commands import analyze_fusion_command
+    from vcbench.display import print_table
+
+    table, label = analyze_fusion_command(shape, seconds, out=out, json_path=json)
+    print_table(table, title="Figure 7: the preprocessing chain, one rung at a time", caption=label)
+
+
 # --- vcbench timeit ----------------------------------------------------------------------------
 
 @app.command("timeit")

@@ -94,3 +94,31 @@ def analyze_token_order_command(tensors=None, synthetic=None, clusters: int = 32
         result = {"tensors": label, "rows": table.to_dict(orient="records")}
         _finish(run, "token_order", table, result, json_path)
     return table, label
+
+
+def analyze_fusion_command(shape: str, seconds: str, out=None, json_path=None
+                           ) -> tuple[pd.DataFrame, str]:
+    import torch
+
+    from vcbench.analysis.fusion import METHOD, fusion_table
+    from vcbench.errors import UserError
+    from vcbench.timing.timeit import PRESETS
+
+    if shape not in PRESETS:
+        raise UserError(f"unknown shape {shape!r} (presets: {', '.join(PRESETS)})")
+    try:
+        warmup_s, window_s = (float(x) for x in seconds.split(","))
+    except ValueError:
+        raise UserError(f"--seconds expects WARMUP,WINDOW, got {seconds!r}") from None
+    if not torch.cuda.is_available():
+        raise UserError("analyze fusion needs a CUDA GPU (it times kernels with CUPTI); "
+                        "this machine has none")
+    config = {"method": METHOD, "shape": list(PRESETS[shape]), "preset": shape,
+              "warmup_s": warmup_s, "window_s": window_s, "device": torch.cuda.get_device_name()}
+    with RunFolder.create(_out(out, "analyze-fusion"), "analyze fusion", config) as run:
+        with progress_bar("rungs", 5) as advance:
+            table, label = fusion_table(PRESETS[shape], warmup_s, window_s, progress=advance)
+        run.record("fusion", "ok")
+        result = {"label": label, "device": config["device"], "rows": table.to_dict(orient="records")}
+        _finish(run, "fusion", table, result, json_path)
+    return table, label

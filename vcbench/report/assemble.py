@@ -245,10 +245,14 @@ def _check_section(run, out: Path, md: list[str], csv, figure, suffix: str) -> N
 
 def _analysis_section(run, out: Path, md: list[str], csv, figure, suffix: str) -> None:
     inputs = run.config.get("tensors") or f"beta {run.config.get('beta')}"
+    if run.kind == "fusion":  # timed on a card: the heading names it
+        shape = "x".join(str(x) for x in run.config.get("shape", []))
+        inputs = f"{run.config.get('method')} call, (B, H, N, D) {shape}, on {run.config.get('device')}"
     table = tables.analysis_table(run)
     titles = {"expcast": "ExpCast-FP8 vs exp-then-cast (Figure 5)",
               "kernel_error": "Output error split into probability and value terms (Figure 3a)",
-              "token_order": "Token orders for the value quantizer (Table 1, Figure 4)"}
+              "token_order": "Token orders for the value quantizer (Table 1, Figure 4)",
+              "fusion": "The preprocessing chain fused one stage at a time (Figure 7)"}
     md += [f"## {titles[run.kind]}", "", f"Inputs: {inputs} (run `{run.path}`).", "",
            tables.markdown(table, digits=6), ""]
     csv(table, f"{run.kind}{suffix}")
@@ -259,6 +263,9 @@ def _analysis_section(run, out: Path, md: list[str], csv, figure, suffix: str) -
     elif run.kind == "kernel_error":
         figure(figures.kernel_error_figure(table, out / f"fig3_kernel_error{suffix}.png", note),
                "probability vs value error")
+    elif run.kind == "fusion":
+        figure(figures.fusion_figure(table, out / f"fig7_fusion{suffix}.png", note),
+               "preprocessing time per rung, cumulative factor over the eager chain")
     else:
         figure(figures.token_order_figure(table, out / f"fig4_token_order{suffix}.png", note),
                "token order energy share and value error")

@@ -11,6 +11,7 @@ the manifest's `command`:
     analyze expcast        expcast.csv, byte_map.csv
     analyze kernel-error   kernel_error.csv
     analyze token-order    token_order.csv
+    analyze fusion         fusion.csv (Figure 7's rungs, timed on the GPU the config names)
     check-tiny             check.csv (one row per held-out caption; the score is its share of
                            passing rows), strip.png
 
@@ -36,7 +37,7 @@ from vcbench.runs import read_manifest
 
 SCORE_FILE = "score.json"
 ANALYSES = {"analyze expcast": "expcast", "analyze kernel-error": "kernel_error",
-            "analyze token-order": "token_order"}
+            "analyze token-order": "token_order", "analyze fusion": "fusion"}
 PROJECTION = "project-clip"
 CHECK = "check-tiny"
 # Settings that make two generate runs of one model comparable clip for clip.

@@ -113,10 +113,15 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
     elif permutation is not None:
         raise UserError("a permutation was given to a method without V-Smooth")
 
-    if plan.smooth_k:  # K's token mean: softmax is invariant to it, the quantizer is not
-        k = k - token_mean(k)
+    # K's token mean: softmax is invariant to it, the quantizer is not. The fused kernel's
+    # order (paper, appendix B): the statistic from the unrotated K, then the rotation, then
+    # the subtraction of the rotated mean (equal to rotating K - mean in exact arithmetic).
+    k_mean = token_mean(k) if plan.smooth_k else None
     if plan.hadamard_qk:
         q, k = rotate(q), rotate(k)
+        k_mean = None if k_mean is None else rotate(k_mean)
+    if k_mean is not None:
+        k = k - k_mean
     if plan.vsmooth is not None and plan.vsmooth.hadamard_v:
         v = rotate(v)
 

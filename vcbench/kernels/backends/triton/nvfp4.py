@@ -265,9 +265,7 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
         kf = k.float()
         if perm is not None:
             kf = torch.gather(kf, 2, perm.long()[..., None].expand_as(kf))
-        if plan.smooth_k:
-            kf = kf - token_mean(kf)
-        kf = rotate(kf)
+        kf = rotate(kf) - rotate(token_mean(kf)) if plan.smooth_k else rotate(kf)
         q_out, k_out = outer_of(qf, plan.q), outer_of(kf, plan.k)
         qc, qs, q_mean = quantize_qk(qf, plan.q, bm, nq_pad, smooth=plan.smooth_q, outer=q_out)
         kc, ks, _ = quantize_qk(kf, plan.k, bn, nk_pad, outer=k_out)

@@ -18,7 +18,6 @@ import torch
 from vcbench.errors import UserError
 from vcbench.kernels.backends.common import MAX_GRID_Y, TILE
 from vcbench.kernels.reference.engine import softmax_scale_log2
-from vcbench.kernels.reference.vsmooth import token_mean
 from vcbench.kernels.spec.formats import E2M1, E4M3, INT8, scale_for
 from vcbench.kernels.spec.granularity import Microscale16, PerBlock, PerChannel
 from vcbench.kernels.spec.method import Plan
@@ -100,6 +99,9 @@ def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=N
         permutation = grouping(v, plan.vsmooth, grid=grid, init=centroids).permutation
     perm = None if permutation is None else permutation.to(dev, torch.int32).contiguous()
 
+    rotated = plan.hadamard_qk
+    norm = tq.hadamard_norm(d) if rotated else 1.0
+
     def rows(x, rows_per_scale, mean=None, multiplier=None, gather=None):
         out = torch.empty(b, h, n_pad, d, device=dev, dtype=code_dtype)
         scale = torch.empty(b, h, n_pad // rows_per_scale, device=dev, dtype=torch.float32)
@@ -107,26 +109,20 @@ def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=N
         tq._quantize_rows[(n_pad // rows_per_scale * b * h,)](
             x, gather if gather is not None else scale, mean if mean is not None else scale,
             out, scale, n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,
-            multiplier if multiplier is not None else 1.0, ROWS=rows_per_scale, D=d, FMT=fmt,
-            HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
-            MULTIPLY=multiplier is not None)
+            multiplier if multiplier is not None else 1.0, norm, ROWS=rows_per_scale, D=d,
+            FMT=fmt, HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
+            MULTIPLY=multiplier is not None, HADAMARD=rotated, LOG2_D=d.bit_length() - 1)
         return out, scale
 
-    q_rows = plan.q.granularity.rows
-    if plan.hadamard_qk:  # unfused: rotation in torch, exactly as the emulation orders it
-        qf = rotate(q.float() * torch.tensor(scale_log2, dtype=torch.float32, device=dev))
-        kf = k.float()
-        if perm is not None:
-            kf = torch.gather(kf, 2, perm.long()[..., None].expand_as(kf))
-        if plan.smooth_k:
-            kf = kf - token_mean(kf)
-        qc, qs = rows(qf, q_rows)
-        kc, ks = rows(rotate(kf), TILE)
-    else:
-        qc, qs = rows(q, q_rows, multiplier=scale_log2)
-        k = _last_dim_contiguous(k)
-        mean = tq.token_mean_gpu(k) if plan.smooth_k else None
-        kc, ks = rows(k, TILE, mean=mean, gather=perm)
+    # The QK Hadamard runs inside the quantizers (spec.rotation's butterfly); K's mean is
+    # taken from the unrotated K and rotated once per head, then subtracted from the rotated
+    # rows, the emulation's (and the paper's) order.
+    qc, qs = rows(q, plan.q.granularity.rows, multiplier=scale_log2)
+    k = _last_dim_contiguous(k)
+    mean = tq.token_mean_gpu(k) if plan.smooth_k else None
+    if mean is not None and rotated:
+        mean = rotate(mean).contiguous()
+    kc, ks = rows(k, TILE, mean=mean, gather=perm)
 
     v = _last_dim_contiguous(v)
     n_blocks = n_pad // TILE

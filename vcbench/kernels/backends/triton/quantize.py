@@ -8,7 +8,8 @@ nearest-even, conversions saturate.
 
     token_sums      K's channel sums over tokens in FP64 (per chunk; torch adds the chunks),
                     the statistic of K smoothing, without an FP32/FP64 copy of K.
-    quantize_rows   Q or K: optional gather by pi, optional mean subtraction, a scale per
+    quantize_rows   Q or K: optional gather by pi, optional QK Hadamard (the butterfly of
+                    spec.rotation in registers), optional mean subtraction, a scale per
                     ROWS tokens (16 = per warp, 128 = per block), INT8 or E4M3 codes.
     v_block_stats   V pass 1: gather by pi, FP64 block means, per-block residual amax.
     quantize_v      V pass 2: codes written transposed (D, N) for the FP8 PV product,
@@ -99,14 +100,37 @@ def token_mean_gpu(x):
 
 
 @triton.jit
+def hadamard_rows(x, norm, ROWS: tl.constexpr, D: tl.constexpr, LOG2_D: tl.constexpr):
+    """spec.rotation.rotate of each row of x (ROWS, D) in registers: the same butterfly
+    stages (x_j + x_(j+h), x_j - x_(j+h) for h = 1, 2, ..., D/2) in the same order, then the
+    multiply by `norm`, the FP32 1/sqrt(D) (`hadamard_norm`), each rounded on its own, so the
+    codes match the emulation's bit for bit."""
+    for s in tl.static_range(LOG2_D):
+        pairs = tl.permute(tl.reshape(x, [ROWS, D >> (s + 1), 2, 1 << s]), [0, 1, 3, 2])
+        a, b = tl.split(pairs)
+        x = tl.reshape(tl.permute(tl.join(a + b, a - b), [0, 1, 3, 2]), [ROWS, D])
+    return _mul_rn(x, tl.zeros_like(x) + norm)
+
+
+def hadamard_norm(d: int) -> float:
+    """The FP32 1/sqrt(d) that spec.rotation.rotate multiplies by, as a Python float."""
+    import torch
+
+    return torch.tensor(1.0 / d**0.5, dtype=torch.float32).item()
+
+
+@triton.jit
 def _quantize_rows(X, Perm, Mean, Out, Scale, n, n_pad, stride_b, stride_h, stride_n, H,
-                   multiplier, ROWS: tl.constexpr, D: tl.constexpr, FMT: tl.constexpr,
-                   HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr):
+                   multiplier, norm, ROWS: tl.constexpr, D: tl.constexpr, FMT: tl.constexpr,
+                   HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr,
+                   HADAMARD: tl.constexpr = False, LOG2_D: tl.constexpr = 0):
     group, bh = program(n_pad // ROWS)
     x, rows, cols, valid = _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H,
                                       ROWS, D, HAS_PERM)
     if MULTIPLY:
-        x = x * multiplier
+        x = _mul_rn(x, tl.zeros_like(x) + multiplier)
+    if HADAMARD:  # then Mean is the rotated mean: rotate, subtract (appendix B's order)
+        x = hadamard_rows(x, norm, ROWS, D, LOG2_D)
     if HAS_MEAN:
         mean = tl.load(Mean + bh * D + cols)
         x = tl.where(valid[:, None], x - mean[None, :], 0.0)

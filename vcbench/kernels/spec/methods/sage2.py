@@ -4,7 +4,8 @@ K smoothed by its token mean; Q and K INT8 with per-block scales (Q per warp, 16
 sm90 kernel does; `q_granularity="block"` for one scale per query tile); V E4M3 with one scale
 per channel (applied in the epilogue); P~ from exp2, scaled by 448, cast to E4M3; FP32
 accumulation, or `accum="fp22"` for SageAttention2's two-level scheme (each tile's product
-held at FP22 precision, then added into FP32).
+held at FP22 precision, then added into FP32). `hadamard_qk` (off, as released) rotates Q and
+K first.
 
 `qk_path` and `v_per_channel` are shared with VC-Attention's 8-bit methods, which keep this
 exact QK path.
@@ -23,17 +24,18 @@ OPTIONS = {
                             choices=("warp", "block")),
     "accum": Option("fp32", "PV accumulation: fp32, or fp22 two-level as on Hopper",
                     choices=("fp32", "fp22")),
+    "hadamard_qk": Option(False, "rotate Q and K by a Hadamard matrix", types=(bool,)),
 }
 
 
 def qk_path(opts, fmt=INT8) -> dict:
     """Q per warp (or per query tile) and K per KV tile in `fmt`, K smoothed by its token
-    mean, the softmax scale folded into Q. `fmt=E4M3` is VC-Attention's FP8-QK configuration:
-    the same path with only the score format changed."""
+    mean, the softmax scale folded into Q, Q and K rotated when `hadamard_qk` is on. `fmt=E4M3`
+    is VC-Attention's FP8-QK configuration: the same path with only the score format changed."""
     q_gran = PerWarp(16) if opts["q_granularity"] == "warp" else PerBlock(opts["block_m"])
     return dict(q=Quantizer(fmt, q_gran), k=Quantizer(fmt, PerBlock(opts["block_n"])),
-                smooth_k=True, accum=opts["accum"], block_m=opts["block_m"],
-                block_n=opts["block_n"])
+                smooth_k=True, hadamard_qk=opts["hadamard_qk"], accum=opts["accum"],
+                block_m=opts["block_m"], block_n=opts["block_n"])
 
 
 def build(opts) -> Plan:

@@ -8,6 +8,10 @@ vc-8bit-fp8qk    vc-8bit with Q and K in E4M3 instead of INT8 (paper 4.5, Table 
                  differs from vc-8bit, so the pair is an A/B of INT8 against FP8 scores
 vc-4bit          SageAttention3 + V-Smooth, block means added unscaled (workstation config)
 
+Every VC method rotates Q and K by the QK Hadamard (`hadamard_qk`, on by default: the paper's
+VC-Attention fuses it into the Q and K quantizers, section 3.4 and appendix B); the host
+baselines keep it off, as released, with `hadamard_qk=True` their "+Hadamard" variants.
+
 Per-call options: `permutation` (B, H, N) reuses a cached token order (the grouping schedule
 drives this), `centroids` warm-starts k-means, `grid` (T, H, W) feeds the `cube` order, and
 `vsmooth=False` runs the host kernel without V-Smooth (steps outside the grouping window).
@@ -36,6 +40,11 @@ VSMOOTH_OPTIONS = {
     "centroids": Option(None, "k-means warm start (B, H, k, D)", types=(torch.Tensor,)),
     "grid": Option(None, "latent grid (T, H, W) for the cube order", types=(tuple, list)),
 }
+
+
+# The QK Hadamard, on: it overrides the host method's option of the same name (off there).
+HADAMARD_QK = {"hadamard_qk": Option(True, "rotate Q and K by a Hadamard matrix (the paper's "
+                                           "VC-Attention does)", types=(bool,))}
 
 
 def vsmooth_config(opts) -> VSmoothConfig | None:
@@ -76,7 +85,7 @@ VC_8BIT = Method(
     summary="VC-Attention 8-bit: SageAttention2 QK + V-Smooth + ExpCast-FP8",
     qk_bits=8, pv_bits=8, smoothing="K mean + V-Smooth",
     build=build_8bit,
-    options={**sage2.OPTIONS, **VSMOOTH_OPTIONS,
+    options={**sage2.OPTIONS, **VSMOOTH_OPTIONS, **HADAMARD_QK,
              "expcast_beta": Option(DEFAULT_BETA, "ExpCast centering constant", types=(int, float))},
 )
 VC_8BIT_FP8QK = Method(
@@ -91,12 +100,12 @@ VC_8BIT_VSMOOTH = Method(
     summary="VC-Attention 8-bit without ExpCast: SageAttention2 QK + V-Smooth, exp then cast",
     qk_bits=8, pv_bits=8, smoothing="K mean + V-Smooth",
     build=build_8bit_vsmooth,
-    options={**sage2.OPTIONS, **VSMOOTH_OPTIONS},
+    options={**sage2.OPTIONS, **VSMOOTH_OPTIONS, **HADAMARD_QK},
 )
 VC_4BIT = Method(
     name="vc-4bit",
     summary="VC-Attention 4-bit: SageAttention3 + V-Smooth",
     qk_bits=4, pv_bits=4, smoothing="K mean, Q block mean + V-Smooth",
     build=build_4bit,
-    options={**sage3.OPTIONS, **VSMOOTH_OPTIONS},
+    options={**sage3.OPTIONS, **VSMOOTH_OPTIONS, **HADAMARD_QK},
 )
