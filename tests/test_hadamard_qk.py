@@ -122,7 +122,7 @@ def test_every_gpu_backend_of_a_method_takes_its_rotated_plan(method):
     # official SageAttention) takes only its released configuration.
     from vcbench.kernels.backends import BACKENDS
 
-    own = [b for b in BACKENDS if b.prepare is not None]
+    own = [b for b in BACKENDS.values() if b.prepare is not None]
     shape = (1, 40, 75600, 128)
     takers = {rotated: [b.name for b in own
                         if b.supports(get_method(method).plan({"hadamard_qk": rotated}), shape) is None]
