@@ -2,10 +2,11 @@
 
 `prepare` does what the fused preprocessing kernels do (scale folding, K/Q smoothing, the
 V-Smooth gather and block demeaning, Hadamard rotations, padding, quantization, a non-finite
-input's NaN carried into V's scales) and returns the quantized operands. `run` then walks the key/value tiles exactly as a FlashAttention
-kernel does: all query rows at once (rows are independent), one KV tile at a time, P quantized
-per tile against the *running* row max, the block mean restored from the row sum in the same
-accumulator, one epilogue multiply and divide at the end.
+input's NaN carried into V's scales) and returns the quantized operands. `run` then walks
+the key/value tiles exactly as a FlashAttention kernel does: all query rows at once (rows are
+independent), one KV tile at a time, P quantized per tile against the *running* row max, the
+block mean restored from the row sum in the same accumulator, one epilogue multiply and
+divide at the end.
 
 Arithmetic is FP32 (FP64 when the inputs are FP64, so identities can be checked exactly).
 """

@@ -18,9 +18,9 @@ One byte per code, not two codes per byte: the attention kernel dequantizes to F
 arithmetic with explicit ties-to-even (the magic-number add), never by a conversion, so the
 codes do not depend on how a compiler lowers a cast; divisions are `div_rn`; block means are
 summed in FP64, as the emulation sums them. A group holding a non-finite value has a NaN
-microscale and zero codes (`quantize.abs_max`), as the emulation's. Both kernels are compiled with
-`enable_fp_fusion=False`: the scale fold q * c followed by Q smoothing's subtraction would
-otherwise become one FMA, rounded once where the emulation rounds twice.
+microscale and zero codes (`quantize.abs_max`), as the emulation's. Both kernels are compiled
+with `enable_fp_fusion=False`: the scale fold q * c followed by Q smoothing's subtraction
+would otherwise become one FMA, rounded once where the emulation rounds twice.
 """
 
 from __future__ import annotations
