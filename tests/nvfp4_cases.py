@@ -20,3 +20,16 @@ def case_name(case):
     method, opts, b, h, n, d, layout, kind = case
     extra = ",".join(f"{k}={v}" for k, v in opts.items())
     return f"{method}[{extra}] B{b}H{h}N{n}D{d} {layout} {kind}"
+
+# A non-finite value in (batch 1, head 0) of one operand: (method, options, B, H, N, D).
+POISON_CASES = [
+    ("sage3-4bit", {}, 2, 2, 150, 64),
+    ("vc-4bit", {}, 2, 2, 150, 64),
+    ("attnqat-tf", {}, 2, 2, 150, 64),
+]
+POISON_VALUES = {"nan": float("nan"), "+inf": float("inf"), "-inf": -float("inf")}
+
+
+def poison_name(case, operand, bad):
+    method, opts, b, h, n, d = case
+    return f"{method} B{b}H{h}N{n}D{d} {bad} in {operand}"

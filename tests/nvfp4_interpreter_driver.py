@@ -2,8 +2,9 @@
 
 Started by tests/test_nvfp4_interpreter.py in its own process, because TRITON_INTERPRET must be
 set before any @triton.jit function is defined. Prints one JSON line per case: for every
-quantized operand the number of elements that differ from the emulation's (0 is bit-equal),
-then the output distances.
+quantized operand the number of elements that differ from the emulation's (0 is bit-equal,
+NaN matching NaN), then the output distances; then one line per poisoned input (a NaN or an
+infinity in one (batch, head)): the operands' differences and where the output is NaN.
 """
 
 import json
@@ -14,7 +15,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 from conftest import reference_attention, rel_l2  # noqa: E402
-from nvfp4_cases import CASES, case_name  # noqa: E402
+from nvfp4_cases import CASES, POISON_CASES, POISON_VALUES, case_name, poison_name  # noqa: E402
 
 from vcbench.kernels import get_method  # noqa: E402
 from vcbench.kernels.backends.triton import nvfp4, nvfp4_attention  # noqa: E402
@@ -48,7 +49,35 @@ def inputs(b, h, n, d, layout, kind, seed):
 
 
 def differing(got, want):
-    return int((got.float().reshape(want.shape) != want.float()).sum())
+    got, want = got.float().reshape(want.shape), want.float()
+    return int(((got != want) & ~(got.isnan() & want.isnan())).sum())
+
+
+def operand_differences(ops, emu):
+    """Elements of each quantized operand that differ from the emulation's (-1: missing)."""
+    diff = {
+        "Q codes": differing(ops.q * 0.5, emu.q.codes),
+        "Q microscales": differing(ops.q_scale, emu.q.scale),
+        "K codes": differing(ops.k * 0.5, emu.k.codes),
+        "K microscales": differing(ops.k_scale, emu.k.scale),
+        "V codes": differing(ops.v * 0.5, emu.v.codes),
+        "V microscales": differing(ops.v_scale, emu.v.scale),
+    }
+    for name in ("q", "k", "v"):
+        mine, theirs = getattr(ops, f"{name}_outer"), getattr(emu, name).outer
+        if (mine is None) != (theirs is None):
+            diff[f"{name.upper()} outer scale"] = -1  # one has it, the other not
+        elif theirs is not None:
+            diff[f"{name.upper()} outer scale"] = differing(mine, theirs)
+    if (ops.v_mean is None) != (emu.v_mean is None):
+        diff["V block means"] = -1
+    elif emu.v_mean is not None:
+        diff["V block means"] = differing(ops.v_mean, emu.v_mean)
+    if (ops.q_mean is None) != (emu.q_mean is None):
+        diff["Q block means"] = -1
+    elif emu.q_mean is not None:
+        diff["Q block means"] = differing(ops.q_mean, emu.q_mean)
+    return diff
 
 
 def main():
@@ -58,28 +87,7 @@ def main():
         plan = get_method(method).plan(opts)
         emu = prepare(q, k, v, plan)
         ops = nvfp4.prepare(q, k, v, plan, permutation=emu.permutation)
-        diff = {
-            "Q codes": differing(ops.q * 0.5, emu.q.codes),
-            "Q microscales": differing(ops.q_scale, emu.q.scale),
-            "K codes": differing(ops.k * 0.5, emu.k.codes),
-            "K microscales": differing(ops.k_scale, emu.k.scale),
-            "V codes": differing(ops.v * 0.5, emu.v.codes),
-            "V microscales": differing(ops.v_scale, emu.v.scale),
-        }
-        for name in ("q", "k", "v"):
-            mine, theirs = getattr(ops, f"{name}_outer"), getattr(emu, name).outer
-            if (mine is None) != (theirs is None):
-                diff[f"{name.upper()} outer scale"] = -1  # one has it, the other not
-            elif theirs is not None:
-                diff[f"{name.upper()} outer scale"] = differing(mine, theirs)
-        if (ops.v_mean is None) != (emu.v_mean is None):
-            diff["V block means"] = -1
-        elif emu.v_mean is not None:
-            diff["V block means"] = differing(ops.v_mean, emu.v_mean)
-        if (ops.q_mean is None) != (emu.q_mean is None):
-            diff["Q block means"] = -1
-        elif emu.q_mean is not None:
-            diff["Q block means"] = differing(ops.q_mean, emu.q_mean)
+        diff = operand_differences(ops, emu)
 
         # FP32 output buffer, poisoned: what the kernel computes, before any 16-bit rounding.
         out = torch.full((b, h, n, d), float("nan"), dtype=torch.float32)
@@ -95,5 +103,34 @@ def main():
         }), flush=True)
 
 
+def poisoned():
+    for i, case in enumerate(POISON_CASES):
+        method, opts, b, h, n, d = case
+        plan = get_method(method).plan(opts)
+        clean = inputs(b, h, n, d, "hnd", "bf16", seed=2000 + i)
+        perm = prepare(*clean, plan).permutation  # a cached order, the same for every call
+        out = {}
+        for operand, bad in [(None, None)] + [(o, x) for o in "qkv" for x in POISON_VALUES]:
+            q, k, v = (x.clone() for x in clean)
+            if operand is not None:
+                {"q": q, "k": k, "v": v}[operand][1, 0, 37, 5] = POISON_VALUES[bad]
+            emu = prepare(q, k, v, plan, permutation=perm)
+            ops = nvfp4.prepare(q, k, v, plan, permutation=perm)
+            out[operand] = torch.full((b, h, n, d), float("nan"), dtype=torch.float32)
+            nvfp4_attention.launch(ops, plan, out[operand])
+            if operand is None:
+                continue
+            others = torch.ones(b, h, dtype=torch.bool)
+            others[1, 0] = False
+            emu_out = finish(run(emu, plan)[0], n, plan)
+            print(json.dumps({
+                "poison": poison_name(case, operand, bad),
+                "differing": operand_differences(ops, emu),
+                "others_equal": torch.equal(out[operand][others], out[None][others]),
+                "head_all_nan": bool(out[operand][1, 0].isnan().all()),
+                "emulation_head_all_nan": bool(emu_out[1, 0].isnan().all()),
+            }), flush=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main() or poisoned())

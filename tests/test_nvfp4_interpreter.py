@@ -13,6 +13,10 @@ subnormal E4M3 microscales, microscales that round to zero):
     within `nvfp4_kernel_tolerance` of the emulation's, and its own error against FP64 within
     1.05 e + 1e-4 (e: the emulation's).
 
+And with a NaN or an infinity in one (batch, head) of Q, K or V: every operand is still the
+emulation's (NaN where it has NaN), that (batch, head)'s output is NaN in both, and every
+other (batch, head) is the clean call's, bit for bit.
+
 What the interpreter cannot show is left to tests/test_gpu_nvfp4.py: the compiled kernel's
 tl.dot on tensor cores, MUFU's exp2, the layouts tl.reshape gets on the GPU, 64-bit offsets
 past 2^31 elements.
@@ -31,7 +35,7 @@ pytest.importorskip("triton", reason="needs Triton (its interpreter runs the ker
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
-from nvfp4_cases import CASES, case_name  # noqa: E402
+from nvfp4_cases import CASES, POISON_CASES, POISON_VALUES, case_name, poison_name  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +48,7 @@ def results():
                           env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    return {row["case"]: row for row in rows}
+    return {row.get("case") or row["poison"]: row for row in rows}
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_name)
@@ -57,3 +61,13 @@ def test_interpreted_kernels_match_the_emulation(case, results):
     e = row["emulation_vs_fp64"]
     assert row["kernel_vs_emulation"] <= nvfp4_kernel_tolerance(e)
     assert row["kernel_vs_fp64"] <= 1.05 * e + 1e-4
+
+
+@pytest.mark.parametrize("name", [poison_name(c, o, x) for c in POISON_CASES for o in "qkv"
+                                  for x in POISON_VALUES])
+def test_a_non_finite_input_poisons_its_head_as_the_emulation(name, results):
+    row = results[name]
+    wrong = {what: n for what, n in row["differing"].items() if n != 0}
+    assert not wrong, f"not bit-equal to the emulation (differing elements, -1: missing): {wrong}"
+    assert row["others_equal"], "another (batch, head) changed"
+    assert row["head_all_nan"] and row["emulation_head_all_nan"]

@@ -166,3 +166,32 @@ def test_a_clip_with_nan_frames_is_recorded_and_scored_on_its_own(tmp_path, monk
     summary = next(s for s in result.summary if s["metric"] == "psnr")
     assert summary["n"] == 1 and summary["n_nonfinite"] == 1
     assert summary["mean"] == by_seed[0]["psnr"]  # the broken clip is not averaged in
+
+
+def test_an_inf_reaching_attention_flags_the_clip(tmp_path, monkeypatch):
+    # An inf in V of one attention call (a model that overflowed there): the quantized
+    # method's output is NaN for that (batch, head) (test_nonfinite.py), not silently finite,
+    # so the clip reaches the manifest with its non-finite frames and is not scored.
+    def fault(transformer):
+        to_v = next(m for name, m in transformer.named_modules() if name.endswith("attn1.to_v"))
+
+        def hook(module, args, output):
+            if fault.poison:
+                output.view(-1)[5] = float("inf")  # token 0 of batch entry 0, head 0
+            return output
+        to_v.register_forward_hook(hook)
+
+    fault.poison = False
+    from vcbench.pipelines import generate as gen
+
+    real_make = gen._make_clip
+
+    def make(root, model, item, *a, **kw):
+        fault.poison = item.seed == 1
+        return real_make(root, model, item, *a, **kw)
+
+    monkeypatch.setattr(gen, "_make_clip", make)
+    out = _run_in_process(tmp_path, monkeypatch, fault, methods="vc-8bit")
+    rows = {r["item"]: r for r in json.loads((out / "manifest.json").read_text())["items"]}
+    assert rows["vc-8bit/fox/s1"]["status"] == "ok" and rows["vc-8bit/fox/s1"]["nonfinite_frames"]
+    assert "nonfinite_frames" not in rows["vc-8bit/fox/s0"]

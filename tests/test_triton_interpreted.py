@@ -129,18 +129,36 @@ else:
         assert torch.equal(g.q_scale, e.q.scale.float())
         assert torch.equal(g.k_scale, e.k.scale.float())
 
+    BAD = {"nan": float("nan"), "+inf": float("inf"), "-inf": -float("inf")}
+
+    def _same(got, want):
+        """Bit-equal, NaN matching NaN."""
+        got, want = got.float().reshape(want.shape), want.float()
+        return bool(((got == want) | (got.isnan() & want.isnan())).all())
+
     @pytest.mark.parametrize("name", list(TRITON_METHODS))
-    def test_a_non_finite_value_stays_in_its_batch_and_head(name):
+    def test_a_non_finite_value_poisons_its_batch_and_head_only(name):
         q, k, v = _inputs(torch.bfloat16, seed=3)
         perm = _perm(name, v)
+        plan = get_method(name.split("+")[0]).plan(TRITON_METHODS[name])
         clean = _run(name, q, k, v, perm)
         others = torch.ones(B, H, dtype=torch.bool)
         others[1, 0] = False
         for i in range(3):
-            poisoned = [x.clone() for x in (q, k, v)]
-            poisoned[i][1, 0, 37, 5] = float("nan")
-            out = _run(name, *poisoned, perm)
-            assert torch.equal(out[others], clean[others])
+            for j, bad in enumerate(BAD.values()):
+                poisoned = [x.clone() for x in (q, k, v)]
+                poisoned[i][1, 0, 37, 5] = bad
+                if i == j:  # the kernel once per operand (NaN in q, +inf in k, -inf in v)
+                    out = _run(name, *poisoned, perm)
+                    assert torch.equal(out[others], clean[others])
+                    assert torch.isnan(out[1, 0]).all(), (i, bad)
+                # the scales are the emulation's: NaN in the same places, equal elsewhere
+                g = prepare_gpu(*poisoned, plan, permutation=perm)
+                e = prepare(*poisoned, plan, permutation=perm)
+                assert _same(g.q_scale, e.q.scale) and _same(g.k_scale, e.k.scale), (i, bad)
+                assert _same(g.v_scale, e.v.scale) and torch.isnan(g.v_scale[1, 0]).all()
+                if plan.vsmooth is not None:
+                    assert _same(g.v_mean, e.v_mean), (i, bad)
 
     def test_kmeans_reads_strided_values():
         v = _inputs(torch.bfloat16, seed=4)[2]

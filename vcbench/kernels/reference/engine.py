@@ -1,11 +1,12 @@
 """The tiled online-softmax engine every emulation runs through (paper Equation 1 and 6).
 
 `prepare` does what the fused preprocessing kernels do (scale folding, K/Q smoothing, the
-V-Smooth gather and block demeaning, Hadamard rotations, padding, quantization) and returns
-the quantized operands. `run` then walks the key/value tiles exactly as a FlashAttention
-kernel does: all query rows at once (rows are independent), one KV tile at a time, P quantized
-per tile against the *running* row max, the block mean restored from the row sum in the same
-accumulator, one epilogue multiply and divide at the end.
+V-Smooth gather and block demeaning, Hadamard rotations, padding, quantization, a non-finite
+input's NaN carried into V's scales) and returns the quantized operands. `run` then walks
+the key/value tiles exactly as a FlashAttention kernel does: all query rows at once (rows are
+independent), one KV tile at a time, P quantized per tile against the *running* row max, the
+block mean restored from the row sum in the same accumulator, one epilogue multiply and
+divide at the end.
 
 Arithmetic is FP32 (FP64 when the inputs are FP64, so identities can be checked exactly).
 """
@@ -28,7 +29,13 @@ from vcbench.kernels.reference.vsmooth import (
     zero_rows,
 )
 from vcbench.kernels.spec.formats import round_fp22
-from vcbench.kernels.spec.granularity import Microscale16, PerBlock, Quantized, Unscaled
+from vcbench.kernels.spec.granularity import (
+    Microscale16,
+    PerBlock,
+    Quantized,
+    Unscaled,
+    nonfinite_poison,
+)
 from vcbench.kernels.spec.method import SUPPORTED_HEAD_DIMS, Plan
 from vcbench.kernels.spec.rotation import hadamard, rotate
 
@@ -143,7 +150,12 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
     else:
         vq = plan.v(v)
 
-    return Operands(q=plan.q(q), k=plan.k(k), v=vq, n_tokens=n,
+    qq, kq = plan.q(q), plan.k(k)
+    # A non-finite value of a (batch, head) left a NaN scale; V's scales, which every kernel's
+    # output is multiplied by, carry it (granularity.nonfinite_poison).
+    poison = nonfinite_poison(q.shape[:2], qq.scale, qq.outer, kq.scale, kq.outer, vq.scale,
+                              vq.outer)
+    return Operands(q=qq, k=kq, v=vq.poisoned(poison), n_tokens=n,
                     sm_scale_log2=1.0 if plan.fold_scale_into_q else scale_log2,
                     v_mean=v_mean, q_mean=q_mean, k_smooth=k if q_mean is not None else None,
                     v_exact=v if keep_exact_v else None, permutation=permutation)

@@ -193,8 +193,9 @@ def demean_and_quantize(v: torch.Tensor, quantizer: Quantizer, block_rows: int, 
     if isinstance(quantizer.granularity, PerChannel):
         scale = scale_for(quantizer.granularity.amax(exact_residual), quantizer.fmt.max)
         # A channel whose residual is zero everywhere still carries its means: give it
-        # scale 1 rather than 0, or the epilogue multiply would erase them.
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        # scale 1 rather than 0, or the epilogue multiply would erase them (a NaN scale, of a
+        # channel holding a non-finite value, stays NaN).
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
         epi = quantizer.granularity.expand(scale)
     else:  # microscales act inside the MMA; only a global NVFP4 scale reaches the epilogue
         first = quantizer(exact_residual)

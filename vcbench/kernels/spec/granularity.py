@@ -8,15 +8,39 @@ Whether a scale sits *inside* or *outside* the matrix product matters for emulat
 a scale that varies along the contraction axis (a microscale) is applied to each element before
 the product, as a block-scaled MMA does; any other scale factors out of the sum and is applied
 to the product afterwards. `Quantized.inner()` and `Quantized.outer` follow that split.
+
+Non-finite input: a group holding a NaN or an infinity has a NaN absolute maximum (`abs_max`),
+so a NaN scale and zero codes, on every device (a GPU max drops NaN: its comparisons are
+false). `nonfinite_poison` then carries it to every scale of V (`Quantized.poisoned`), the
+scales every kernel multiplies its output by, so that (batch, head)'s output is NaN whatever
+the softmax does with NaN scores, and every other (batch, head) is untouched (+0 is added).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from vcbench.kernels.spec.formats import E4M3, Format, scale_for, true_divide
+
+
+def abs_max(x: torch.Tensor, dim) -> torch.Tensor:
+    """max |x| over `dim`, NaN where the group holds a NaN or an infinity (the kernels add the
+    group's sum of x * 0, which is 0 for finite x and NaN otherwise)."""
+    amax = x.abs().amax(dim=dim)
+    return torch.where(torch.isfinite(amax), amax, torch.full_like(amax, float("nan")))
+
+
+def nonfinite_poison(heads: tuple[int, int], *scales: torch.Tensor | None) -> torch.Tensor:
+    """(B, H) FP32: 0 where every scale of that (batch, head) is finite, NaN where one is not.
+    Each scale's leading axes are (B, H) or (B * H,); None is skipped."""
+    bad = torch.zeros(heads[0] * heads[1], dtype=torch.bool, device=scales[0].device)
+    for s in scales:
+        if s is not None:
+            bad |= ~torch.isfinite(s.reshape(bad.shape[0], -1)).all(-1)
+    zero = torch.zeros(heads, dtype=torch.float32, device=bad.device)
+    return torch.where(bad.view(heads), float("nan"), zero)
 
 
 @dataclass(frozen=True)
@@ -36,7 +60,7 @@ class PerTensor:
     """One scale per (batch, head) slice. Scale shape (B, H)."""
 
     def amax(self, x: torch.Tensor) -> torch.Tensor:
-        return x.abs().amax(dim=(-2, -1))
+        return abs_max(x, (-2, -1))
 
     def expand(self, s: torch.Tensor) -> torch.Tensor:
         return s[..., None, None]
@@ -53,7 +77,7 @@ class PerBlock:
         n = x.shape[-2]
         if n % self.rows:
             raise ValueError(f"{n} tokens are not a whole number of {self.rows}-row blocks")
-        return x.abs().unflatten(-2, (n // self.rows, self.rows)).amax(dim=(-2, -1))
+        return abs_max(x.unflatten(-2, (n // self.rows, self.rows)), (-2, -1))
 
     def expand(self, s: torch.Tensor) -> torch.Tensor:
         return s.repeat_interleave(self.rows, dim=-1)[..., None]
@@ -74,7 +98,7 @@ class PerChannel:
     token sum, so one epilogue multiply applies it."""
 
     def amax(self, x: torch.Tensor) -> torch.Tensor:
-        return x.abs().amax(dim=-2)
+        return abs_max(x, -2)
 
     def expand(self, s: torch.Tensor) -> torch.Tensor:
         return s[..., None, :]
@@ -96,8 +120,8 @@ class Microscale16:
         n = x.shape[self.axis]
         if n % self.size:
             raise ValueError(f"axis of length {n} is not a whole number of {self.size}-groups")
-        grouped = x.abs().unflatten(self.axis, (n // self.size, self.size))
-        return grouped.amax(dim=self.axis)  # the group of 16 sits where `axis` pointed
+        grouped = x.unflatten(self.axis, (n // self.size, self.size))
+        return abs_max(grouped, self.axis)  # the group of 16 sits where `axis` pointed
 
     def expand(self, s: torch.Tensor) -> torch.Tensor:
         return s.repeat_interleave(self.size, dim=self.axis)
@@ -150,6 +174,14 @@ class Quantized:
         out = self.codes * self.expanded_scale()
         return out if self.outer is None else out * self.outer[..., None, None]
 
+    def poisoned(self, poison: torch.Tensor) -> Quantized:
+        """The same codes with `nonfinite_poison`'s (B, H) added to every scale (exact: +0
+        where the (batch, head) is finite)."""
+        def add(s):
+            return s + poison.to(s.dtype).reshape(poison.shape + (1,) * (s.dim() - 2))
+        return replace(self, scale=add(self.scale),
+                       outer=None if self.outer is None else add(self.outer))
+
 
 @dataclass(frozen=True)
 class Quantizer:
@@ -157,7 +189,8 @@ class Quantizer:
 
     Scale = amax / format max, so the largest element of each group lands on the largest code
     (for microscales the scale itself is rounded to E4M3). A group whose scale is zero has
-    all-zero codes. Division is true division (`div.rn`), as the kernels must do it too.
+    all-zero codes, and so has a group whose scale is NaN (it held a non-finite value).
+    Division is true division (`div.rn`), as the kernels must do it too.
     """
 
     fmt: Format
@@ -174,8 +207,8 @@ class Quantizer:
         if isinstance(self.granularity, Microscale16):
             amax = self.granularity.amax(x)
             if self.granularity.global_scale and outer is None:
-                outer = true_divide(x.abs().amax(dim=(-2, -1)), E4M3.max * self.fmt.max)
-                outer = torch.where(outer > 0, outer, torch.ones_like(outer))
+                outer = true_divide(abs_max(x, (-2, -1)), E4M3.max * self.fmt.max)
+                outer = torch.where(outer == 0, torch.ones_like(outer), outer)  # keeps NaN
             if outer is not None:
                 amax = amax / outer[..., None, None]
             if scale is None:

@@ -17,9 +17,10 @@ One byte per code, not two codes per byte: the attention kernel dequantizes to F
 16-bit MMA, so packing would only add an unpack. Roundings are done in integer and float
 arithmetic with explicit ties-to-even (the magic-number add), never by a conversion, so the
 codes do not depend on how a compiler lowers a cast; divisions are `div_rn`; block means are
-summed in FP64, as the emulation sums them. Both kernels are compiled with
-`enable_fp_fusion=False`: the scale fold q * c followed by Q smoothing's subtraction would
-otherwise become one FMA, rounded once where the emulation rounds twice.
+summed in FP64, as the emulation sums them. A group holding a non-finite value has a NaN
+microscale and zero codes (`quantize.abs_max`), as the emulation's. Both kernels are compiled
+with `enable_fp_fusion=False`: the scale fold q * c followed by Q smoothing's subtraction
+would otherwise become one FMA, rounded once where the emulation rounds twice.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from vcbench.kernels.backends.triton.quantize import abs_max
+from vcbench.kernels.spec import granularity
 
 MAGIC_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + M) - M is y rounded half to even, |y| < 2^22
 E4M3_BIAS_SHIFT = tl.constexpr(3)  # E4M3 has 3 mantissa bits: its quantum is 2^(exponent - 3)
@@ -47,7 +51,7 @@ def round_e4m3_nonneg(x):
     The grid step in the binade of x is 2^(e - 3) (e its exponent, at least -6: below 2^-6 the
     subnormal step 2^-9 holds), so x times the power of two 2^(3 - e) is rounded to an integer
     and scaled back, both exactly."""
-    x = tl.minimum(x, 448.0)
+    x = tl.minimum(x, 448.0, propagate_nan=tl.PropagateNan.ALL)  # a NaN amax stays NaN
     e = tl.maximum((x.to(tl.int32, bitcast=True) >> 23) & 0xFF, E4M3_MIN_EXP)
     quantum = ((e - E4M3_BIAS_SHIFT) << 23).to(tl.float32, bitcast=True)
     inverse = ((254 - e + E4M3_BIAS_SHIFT) << 23).to(tl.float32, bitcast=True)
@@ -122,7 +126,7 @@ def _quantize_qk(X, Perm, Mean, Outer, Codes, Scales, QMean, n, n_pad, stride_b,
         mean = (tl.sum(x.to(tl.float64), 0) / count).to(tl.float32)
         tl.store(QMean + (bh * (n_pad // ROWS) + block) * D + cols, mean)
         x = tl.where(valid[:, None, None], x - mean[None], 0.0)
-    scale, full = _microscales(tl.max(tl.abs(x), 2), Outer, bh, OUTER)  # (ROWS, D / 16)
+    scale, full = _microscales(abs_max(x, 2), Outer, bh, OUTER)  # (ROWS, D / 16)
     codes = codes_twice(x, full[:, :, None])
     r64 = rows.to(tl.int64)
     tl.store(Codes + bh * n_pad * D + r64[:, None, None] * D + cols[None], codes.to(tl.int8))
@@ -153,10 +157,11 @@ def _quantize_v(X, Perm, Outer, Codes, Scales, StoredMeans, n, n_pad, stride_b, 
     if DEMEAN:
         count = tl.minimum(n - tile * ROWS, ROWS).to(tl.float64)
         mean = (tl.sum(tl.sum(x.to(tl.float64), 0), 0) / count).to(tl.float32)
-        stored = tl.clamp(mean, -65504.0, 65504.0).to(tl.float16)
+        stored = tl.clamp(mean, -65504.0, 65504.0, propagate_nan=tl.PropagateNan.ALL)
+        stored = stored.to(tl.float16)
         tl.store(StoredMeans + (bh * (n_pad // ROWS) + tile) * D + cols, stored)
         x = tl.where(valid[:, :, None], x - stored.to(tl.float32)[None, None, :], 0.0)
-    scale, full = _microscales(tl.max(tl.abs(x), 1), Outer, bh, OUTER)  # (ROWS / 16, D)
+    scale, full = _microscales(abs_max(x, 1), Outer, bh, OUTER)  # (ROWS / 16, D)
     codes = codes_twice(x, full[:, None, :])
     r64 = rows.to(tl.int64)
     tl.store(Codes + bh * n_pad * D + r64[:, :, None] * D + cols[None, None, :],
@@ -204,7 +209,8 @@ def _outer(amax: torch.Tensor) -> torch.Tensor:
     """The two-level NVFP4 scale of `granularity.Quantizer`: amax / (448 * 6) (a true division,
     as the emulation's), 1 where the operand is all zero. (B, H) -> (B*H,) FP32."""
     outer = amax.float() / torch.tensor(OUTER_DIVISOR, dtype=torch.float32, device=amax.device)
-    return torch.where(outer > 0, outer, torch.ones_like(outer)).reshape(-1).contiguous()
+    outer = torch.where(outer == 0, torch.ones_like(outer), outer)  # a NaN amax stays NaN
+    return outer.reshape(-1).contiguous()
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -234,7 +240,7 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     def outer_of(x, quantizer, scale=None):
         if not quantizer.granularity.global_scale:
             return None
-        amax = x.abs().amax(dim=(-2, -1)).float()
+        amax = granularity.abs_max(x, (-2, -1)).float()
         # Rounded multiplication is monotone: max |x * c| = max |x| * c, bit for bit.
         return _outer(amax if scale is None else amax * scale.to(dev))
 
@@ -294,6 +300,13 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
         v_mean if v_mean is not None else vs, n, nk_pad, v.stride(0), v.stride(1), v.stride(2),
         h, ROWS=bn, D=d, HAS_PERM=perm is not None, DEMEAN=demean, OUTER=v_out is not None,
         enable_fp_fusion=False)
+
+    # as engine.prepare: a (batch, head) with a NaN scale has NaN V scales (the microscales
+    # of the PV product's operand, and the epilogue's outer scale where there is one)
+    poison = granularity.nonfinite_poison((b, h), qs, q_out, ks, k_out, vs, v_out).reshape(-1)
+    vs += poison.half()[:, None, None]
+    if v_out is not None:
+        v_out = v_out + poison
 
     bias_q = None
     if q_mean is not None:

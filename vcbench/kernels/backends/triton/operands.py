@@ -19,7 +19,7 @@ from vcbench.errors import UserError
 from vcbench.kernels.backends.common import MAX_GRID_Y, TILE
 from vcbench.kernels.reference.engine import softmax_scale_log2
 from vcbench.kernels.spec.formats import E2M1, E4M3, INT8, scale_for
-from vcbench.kernels.spec.granularity import Microscale16, PerBlock, PerChannel
+from vcbench.kernels.spec.granularity import Microscale16, PerBlock, PerChannel, nonfinite_poison
 from vcbench.kernels.spec.method import Plan
 from vcbench.kernels.spec.probability import ExpCast, ExpThenCast, NVFP4Probability
 from vcbench.kernels.spec.rotation import rotate
@@ -141,13 +141,17 @@ def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=N
             HAS_PERM=perm is not None, DEMEAN=demean)
         v_scale = scale_for(block_amax.amax(2), E4M3.max)
         if demean:  # as vsmooth.demean_and_quantize: zero-residual channels keep scale 1
-            v_scale = torch.where(v_scale > 0, v_scale, torch.ones_like(v_scale))
+            v_scale = torch.where(v_scale == 0, torch.ones_like(v_scale), v_scale)
             stored = torch.empty(b, h, n_blocks, d, device=dev, dtype=torch.float16)
     tq._quantize_v[(n_blocks * b * h,)](
         v, perm if perm is not None else v_scale, means if means is not None else v_scale,
         v_scale, v_t, stored if stored is not None else v_scale, n, n_pad,
         v.stride(0), v.stride(1), v.stride(2), h, ROWS=TILE, D=d,
         HAS_PERM=perm is not None, DEMEAN=demean, PER_BLOCK=per_block)
+    # as engine.prepare: a (batch, head) with a NaN scale has NaN V scales, which both
+    # kernels multiply their output by (the epilogue, or each tile's product)
+    poison = nonfinite_poison((b, h), qs, ks, v_scale)
+    v_scale = v_scale + poison[..., None]
     return GpuOperands(qc, qs, kc, ks, v_t, v_scale, stored, n, permutation)
 
 

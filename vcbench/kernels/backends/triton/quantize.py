@@ -4,7 +4,8 @@ Each kernel reads the BF16/FP16 input once per pass and writes only codes, scale
 means: no high-precision intermediate goes back to HBM. They reproduce the emulation
 (`vcbench.kernels.reference.engine.prepare`) bit for bit: means are summed in FP64 (exact for 16-bit
 inputs, so the order of the sum does not matter), divisions are `div_rn`, roundings are
-nearest-even, conversions saturate.
+nearest-even, conversions saturate; a group holding a non-finite value has a NaN scale and
+zero codes (`abs_max`), as the emulation's.
 
     token_sums      K's channel sums over tokens in FP64 (per chunk; torch adds the chunks),
                     the statistic of K smoothing, without an FP32/FP64 copy of K.
@@ -43,6 +44,14 @@ else:
         add, so `x - _mul_rn(m, s)` rounds twice, exactly as the emulation's separate ops do."""
         return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b],
                                          dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def abs_max(x, axis: tl.constexpr):
+    """`granularity.abs_max`: max |x| along `axis`, NaN where a NaN or an infinity is among
+    them. The GPU's max drops NaN (its comparisons are false), a sum does not: x * 0 is 0 for
+    finite x and NaN otherwise, and adding the sum of zeros leaves the max as it is."""
+    return tl.max(tl.abs(x), axis) + tl.sum(x * 0.0, axis)
 
 
 @triton.jit
@@ -134,7 +143,7 @@ def _quantize_rows(X, Perm, Mean, Out, Scale, n, n_pad, stride_b, stride_h, stri
     if HAS_MEAN:
         mean = tl.load(Mean + bh * D + cols)
         x = tl.where(valid[:, None], x - mean[None, :], 0.0)
-    amax = tl.max(tl.max(tl.abs(x), 1), 0)
+    amax = abs_max(abs_max(x, 1), 0)  # NaN for a non-finite group: NaN scale, zero codes
     if FMT == 0:  # formats.scale_for: a multiply by the FP32 reciprocal
         scale = amax * (1.0 / 127.0)
     else:
@@ -164,7 +173,7 @@ def _v_block_stats(X, Perm, Means, BlockAmax, n, n_blocks, stride_b, stride_h, s
         mean = (tl.sum(x.to(tl.float64), 0) / count).to(tl.float32)
         tl.store(Means + (bh * n_blocks + block) * D + cols, mean)
         x = tl.where(valid[:, None], x - mean[None, :], 0.0)
-    tl.store(BlockAmax + (bh * n_blocks + block) * D + cols, tl.max(tl.abs(x), 0))
+    tl.store(BlockAmax + (bh * n_blocks + block) * D + cols, abs_max(x, 0))
 
 
 @triton.jit
@@ -176,7 +185,7 @@ def _quantize_v(X, Perm, Means, Scale, OutT, StoredMeans, n, n_pad, stride_b, st
     x, rows, cols, valid = _load_rows(X, Perm, block, bh, n, stride_b, stride_h, stride_n, H,
                                       ROWS, D, HAS_PERM)
     if PER_BLOCK:  # fp8-fa4: one scale per block of tokens, all channels
-        amax = tl.max(tl.max(tl.abs(x), 1), 0)
+        amax = abs_max(abs_max(x, 1), 0)
         scale_b = amax * (1.0 / 448.0)
         tl.store(Scale + bh * n_blocks + block, scale_b)
         scale = tl.zeros([D], tl.float32) + scale_b
@@ -184,7 +193,8 @@ def _quantize_v(X, Perm, Means, Scale, OutT, StoredMeans, n, n_pad, stride_b, st
         scale = tl.load(Scale + bh * D + cols)
     if DEMEAN:
         mean = tl.load(Means + (bh * n_blocks + block) * D + cols)
-        stored = tl.clamp(tl.math.div_rn(mean, scale), -65504.0, 65504.0).to(tl.float16)
+        stored = tl.clamp(tl.math.div_rn(mean, scale), -65504.0, 65504.0,
+                          propagate_nan=tl.PropagateNan.ALL).to(tl.float16)
         tl.store(StoredMeans + (bh * n_blocks + block) * D + cols, stored)
         restored = _mul_rn(stored.to(tl.float32), scale)
         x = tl.where(valid[:, None], x - restored[None, :], 0.0)

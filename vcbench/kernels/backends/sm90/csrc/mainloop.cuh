@@ -105,9 +105,10 @@ __device__ __forceinline__ void produce(const CUtensorMap& tm_q, const CUtensorM
         prm.k_scale[static_cast<size_t>(bh) * n_tiles + j];
     if constexpr (T::V_PER_TILE) {
       // merge_tile_scaled's (v_(j-1) / v_j, 1 / v_j). An all-zero V tile has scale 0 and codes
-      // 0: any positive scale gives it the same (zero) product, 1 keeps the ratios finite.
+      // 0: any positive scale gives it the same (zero) product, 1 keeps the ratios finite. A
+      // NaN scale (a non-finite input in this batch and head) stays NaN, and so does O.
       float v = prm.v_scale[static_cast<size_t>(bh) * n_tiles + j];
-      v = v > 0.f ? v : 1.f;
+      v = v == 0.f ? 1.f : v;
       const float inv = 1.f / v;
       reinterpret_cast<float2*>(smem + T::VS_OFF)[st] = make_float2(v_prev * inv, inv);
       v_prev = v;
