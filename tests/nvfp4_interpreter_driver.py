@@ -54,15 +54,18 @@ def differing(got, want):
 
 
 def operand_differences(ops, emu):
-    """Elements of each quantized operand that differ from the emulation's (-1: missing)."""
-    diff = {
-        "Q codes": differing(ops.q * 0.5, emu.q.codes),
-        "Q microscales": differing(ops.q_scale, emu.q.scale),
-        "K codes": differing(ops.k * 0.5, emu.k.codes),
-        "K microscales": differing(ops.k_scale, emu.k.scale),
-        "V codes": differing(ops.v * 0.5, emu.v.codes),
-        "V microscales": differing(ops.v_scale, emu.v.scale),
-    }
+    """Elements of each quantized operand that differ from the emulation's (-1: missing). A
+    poisoned (batch, head)'s V values are NaN and its codes lost with them, where the
+    emulation keeps its codes under NaN scales: codes are compared where the emulation's
+    scale is finite (zero elsewhere, as `Nvfp4Operands.codes` gives), values everywhere."""
+    diff = {}
+    for name in ("q", "k", "v"):
+        mine, theirs = getattr(ops, name), getattr(emu, name)
+        scale = theirs.expanded_scale()
+        diff[f"{name.upper()} codes"] = differing(
+            ops.codes(name), torch.where(scale.isfinite(), theirs.codes, 0.0))
+        diff[f"{name.upper()} microscales"] = differing(getattr(ops, f"{name}_scale"), theirs.scale)
+        diff[f"{name.upper()} values"] = differing(mine, theirs.codes * scale)
     for name in ("q", "k", "v"):
         mine, theirs = getattr(ops, f"{name}_outer"), getattr(emu, name).outer
         if (mine is None) != (theirs is None):

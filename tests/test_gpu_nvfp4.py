@@ -78,11 +78,11 @@ def assert_bit_equal(got, want, what):
 
 
 def assert_operands_equal(ops, emu):
-    assert_bit_equal(ops.q * 0.5, emu.q.codes, "Q codes")
+    assert_bit_equal(ops.codes("q"), emu.q.codes, "Q codes")
     assert_bit_equal(ops.q_scale, emu.q.scale, "Q microscales")
-    assert_bit_equal(ops.k * 0.5, emu.k.codes, "K codes")
+    assert_bit_equal(ops.codes("k"), emu.k.codes, "K codes")
     assert_bit_equal(ops.k_scale, emu.k.scale, "K microscales")
-    assert_bit_equal(ops.v * 0.5, emu.v.codes, "V codes")
+    assert_bit_equal(ops.codes("v"), emu.v.codes, "V codes")
     assert_bit_equal(ops.v_scale, emu.v.scale, "V microscales")
     assert_bit_equal(ops.q_outer, emu.q.outer, "Q outer scale")
     assert_bit_equal(ops.k_outer, emu.k.outer, "K outer scale")
@@ -154,9 +154,9 @@ def test_offsets_past_two_to_the_31_elements():
     assert torch.isfinite(out).all()
     last = slice(heads - 2, heads)
     emu = prepare(q[:, last], k[:, last], v[:, last], plan)
-    codes = ops.q.view(1, heads, -1, d)[:, last] * 0.5
+    codes = ops.codes("q", heads=last)  # (batch, head) rows of the operands: B = 1
     assert_bit_equal(codes, emu.q.codes, "Q codes of the last heads")
-    assert_bit_equal(ops.v.view(1, heads, -1, d)[:, last] * 0.5, emu.v.codes,
+    assert_bit_equal(ops.codes("v", heads=last), emu.v.codes,
                      "V codes of the last heads")
     emu_out = finish(run(emu, plan)[0], n, plan)
     e = rel_l2(emu_out, reference_attention(q[:, last], k[:, last], v[:, last]))

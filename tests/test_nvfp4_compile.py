@@ -1,9 +1,15 @@
-"""The NVFP4 kernels compile for sm_90 (Triton's own ptxas), on a machine without a GPU.
+"""The NVFP4 kernels compile for sm_90 (Triton's own ptxas), on a machine without a GPU, as a
+launch at the Wan2.2 shape builds them, with no register spills and no local memory.
 
 The interpreter (tests/test_nvfp4_interpreter.py) runs the kernels' Python; it does not see
-what only the compiler refuses (a non-constexpr global, a layout it cannot lower), which
-would otherwise surface first on the device.
+what only the compiler refuses (a non-constexpr global, a layout it cannot lower), nor what it
+makes of the kernel: a spill costs every KV tile of every program a round trip to local
+memory, which is why the attention kernel was 5-7x BF16's time.
 """
+
+import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -16,47 +22,102 @@ try:
 except ImportError:  # pragma: no cover - a Triton without the NVIDIA backend
     pytest.skip("Triton has no NVIDIA backend here", allow_module_level=True)
 
+from vcbench.kernels import get_method  # noqa: E402
 from vcbench.kernels.backends.triton import nvfp4, nvfp4_attention  # noqa: E402
 
 if not hasattr(nvfp4._quantize_qk, "cache_key"):  # TRITON_INTERPRET set: nothing to compile
     pytest.skip("Triton runs in its interpreter here (TRITON_INTERPRET)", allow_module_level=True)
 
 POINTERS = {  # argument name -> element type, as prepare / launch pass them
-    "Qc": "i8", "Kc": "i8", "Vc": "i8", "Codes": "i8", "Qs": "fp16", "Ks": "fp16",
+    "Q": "fp16", "K": "fp16", "V": "fp16", "Values": "fp16", "Qs": "fp16", "Ks": "fp16",
     "Vs": "fp16", "Scales": "fp16", "VM": "fp16", "StoredMeans": "fp16", "QO": "fp32",
     "KO": "fp32", "VO": "fp32", "BiasQ": "fp32", "KMean": "fp32", "Mean": "fp32",
-    "Outer": "fp32", "QMean": "fp32", "KIn": "bf16", "X": "bf16", "Perm": "i32", "Out": "bf16"}
+    "Outer": "fp32", "QMean": "fp32", "KIn": "bf16", "X": "bf16", "Gathered": "bf16",
+    "Sums": "fp64", "Perm": "i32", "Out": "bf16"}
+
+
+# Integer arguments at the Wan2.2 shape (B1 H40 N75600 D128, HND): a launch specializes every
+# one divisible by 16 (and every pointer, 16-byte aligned by torch) as divisible, and without
+# that the compiler cannot vectorize or pipeline a load.
+WAN22_INTS = {"n": 75600, "n_q_pad": 75648, "n_k_pad": 75648, "n_pad": 75648, "H": 40,
+              "stride_b": 40 * 75600 * 128, "stride_h": 75600 * 128, "stride_n": 128,
+              "stride_ob": 40 * 75600 * 128, "stride_oh": 75600 * 128, "stride_on": 128}
 
 
 def compile_for_sm90(kernel, constexprs, **options):
-    names = kernel.arg_names
-    signature = {}
-    for name in names:
+    """`kernel` built for sm_90 as a launch at the Wan2.2 shape would build it."""
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
-        elif name in POINTERS:
+            continue
+        if name in POINTERS:
             signature[name] = "*" + POINTERS[name]
         else:
             signature[name] = "fp32" if name == "multiplier" else "i32"
-    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+        if name in POINTERS or WAN22_INTS.get(name, 1) % 16 == 0:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs,
+                                    attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options=options)
 
 
-@pytest.mark.parametrize("switches", [
-    dict(OUTER_QK=False, OUTER_V=False, BIAS=True, HAS_PERM=False, VSMOOTH=False, TWO_LEVEL=True),
-    dict(OUTER_QK=False, OUTER_V=False, BIAS=True, HAS_PERM=True, VSMOOTH=True, TWO_LEVEL=True),
-    dict(OUTER_QK=True, OUTER_V=True, BIAS=False, HAS_PERM=False, VSMOOTH=False, TWO_LEVEL=False),
-], ids=["sage3-4bit", "vc-4bit", "attnqat-tf"])
-def test_attention_kernel_compiles_to_wgmma(switches):
+def cuobjdump() -> str:
+    try:
+        from triton import knobs
+
+        return knobs.nvidia.cuobjdump.path
+    except (ImportError, AttributeError):  # pragma: no cover - an older Triton
+        found = shutil.which("cuobjdump")
+        if found is None:
+            pytest.skip("no cuobjdump (Triton's or CUDA's) to read the cubin with")
+        return found
+
+
+def resources(compiled, tmp_path) -> dict:
+    """ptxas's allocation of the kernel (registers, stack frame, local memory) and the local
+    loads and stores in its SASS."""
+    cubin = tmp_path / "kernel.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    usage = subprocess.run([cuobjdump(), "-res-usage", str(cubin)], check=True,
+                           capture_output=True, text=True).stdout
+    sass = subprocess.run([cuobjdump(), "-sass", str(cubin)], check=True, capture_output=True,
+                          text=True).stdout
+    found = {key: int(re.search(rf"{key}:(\d+)", usage).group(1))
+             for key in ("REG", "STACK", "LOCAL")}
+    found["LDL/STL"] = len(re.findall(r"\b(?:LDL|STL)\b", sass))
+    return found
+
+
+VARIANTS = {  # every kernel a method's plan selects, vc-4bit's plain steps among them
+    "sage3-4bit": ("sage3-4bit", {}), "vc-4bit": ("vc-4bit", {}),
+    "vc-4bit-plain": ("vc-4bit", {"vsmooth": False}), "attnqat-tf": ("attnqat-tf", {})}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_attention_kernel_uses_wgmma_and_does_not_spill(variant, tmp_path):
+    method, opts = VARIANTS[variant]
+    plan = get_method(method).plan(opts)
     compiled = compile_for_sm90(nvfp4_attention._nvfp4_attention_fwd,
-                                {**switches, "BLOCK_M": 128, "BLOCK_N": 128, "D": 128},
-                                num_warps=8, num_stages=2)
+                                {**nvfp4_attention.switches(plan), "BLOCK_M": plan.block_m,
+                                 "BLOCK_N": plan.block_n, "D": 128},
+                                num_warps=nvfp4_attention.NUM_WARPS,
+                                num_stages=nvfp4_attention.NUM_STAGES)
     assert "wgmma.mma_async" in compiled.asm["ptx"]  # both products on Hopper's tensor cores
+    assert "cp.async" in compiled.asm["ptx"]  # K and V tiles streamed into shared memory
+    used = resources(compiled, tmp_path)
+    assert (used["STACK"], used["LOCAL"], used["LDL/STL"]) == (0, 0, 0), used
 
 
-def test_preprocessing_kernels_compile():
-    compile_for_sm90(nvfp4._quantize_qk, dict(ROWS=128, D=128, HAS_PERM=True, HAS_MEAN=True,
-                                              MULTIPLY=True, SMOOTH=True, OUTER=True),
-                     num_warps=4, enable_fp_fusion=False)
-    compile_for_sm90(nvfp4._quantize_v, dict(ROWS=128, D=128, HAS_PERM=True, DEMEAN=True,
-                                             OUTER=True), num_warps=4, enable_fp_fusion=False)
+@pytest.mark.parametrize("kernel,constexprs", [
+    ("_quantize_qk", dict(HAS_PERM=True, HAS_MEAN=True, MULTIPLY=True, SMOOTH=True, OUTER=True,
+                          GATHER_OUT=True)),
+    ("_quantize_v", dict(HAS_PERM=True, DEMEAN=True, OUTER=False)),
+    ("_quantize_v", dict(HAS_PERM=False, DEMEAN=False, OUTER=True)),
+    ("_token_sums", {}),
+], ids=["qk", "v-vsmooth", "v-outer", "token-sums"])
+def test_preprocessing_kernels_compile_without_spills(kernel, constexprs, tmp_path):
+    compiled = compile_for_sm90(getattr(nvfp4, kernel), {**constexprs, "ROWS": 128, "D": 128},
+                                num_warps=nvfp4.NUM_WARPS, enable_fp_fusion=False)
+    used = resources(compiled, tmp_path)
+    assert (used["STACK"], used["LOCAL"], used["LDL/STL"]) == (0, 0, 0), used

@@ -1,11 +1,11 @@
 """The NVFP4 Triton kernels on the CPU, under Triton's interpreter, against the emulation.
 
 The interpreter runs every @triton.jit function with numpy on CPU tensors: indexing, masks,
-tiling, the (batch, head) strides and every rounding step of the codes are the GPU kernels'
-own code. So on inputs that exercise the padding (N not a multiple of the tiles, and one that
-is), both tile sizes, both head dims, BF16 and FP16, NHD strides, Hadamard rotations,
-V-Smooth, per-tensor scales, and the scale rules' edges (zero blocks, saturated and
-subnormal E4M3 microscales, microscales that round to zero):
+tiling, the (batch, head) strides and every rounding step of the codes (but the divisions,
+below) are the GPU kernels' own code. So on inputs that exercise the padding (N not a
+multiple of the tiles, and one that is), both tile sizes, both head dims, BF16 and FP16, NHD
+strides, Hadamard rotations, V-Smooth, per-tensor scales, and the scale rules' edges (zero
+blocks, saturated and subnormal E4M3 microscales, microscales that round to zero):
 
   - every quantized operand (E2M1 codes, E4M3 microscales, FP32 outer scales, V-Smooth's
     FP16 block means, Q smoothing's block means) is bit-equal to the emulation's;
@@ -19,7 +19,9 @@ other (batch, head) is the clean call's, bit for bit.
 
 What the interpreter cannot show is left to tests/test_gpu_nvfp4.py: the compiled kernel's
 tl.dot on tensor cores, MUFU's exp2, the layouts tl.reshape gets on the GPU, 64-bit offsets
-past 2^31 elements.
+past 2^31 elements, and the divisions by Markstein's correction (the interpreter's tl.fma is
+not fused, so there the kernels divide by numpy's IEEE division; tests/test_exact_division.py
+holds the correction to it in exact arithmetic).
 """
 
 import json

@@ -4,29 +4,43 @@ What `vcbench.kernels.reference.engine.prepare` computes for a plan whose Q, K, 
 under one E4M3 scale per 16 elements along the contraction axis, optionally under one FP32
 scale per (batch, head)), written in the layout `nvfp4_attention.py` reads:
 
-    Q, K codes   int8 (B*H, N_pad, D), twice the E2M1 value (integers -12..12, exact in FP16)
+    Q, K values  fp16 (B*H, N_pad, D): each E2M1 code times its E4M3 microscale (at most 6
+                 significant bits in [2^-10, 2688]: exact in FP16), padding rows zero
     Q, K scales  fp16 (B*H, N_pad, D / 16), the E4M3 microscale's value (E4M3 is a subset
                  of FP16, subnormals included, so the value is exact)
-    V codes      int8 (B*H, N_pad, D), as Q and K; V scales fp16 (B*H, N_pad / 16, D): along
+    V values     fp16 (B*H, N_pad, D), as Q and K; V scales fp16 (B*H, N_pad / 16, D): along
                  the tokens, the contraction axis of P V
     V means      fp16 (B*H, N_pad / block_n, D): V-Smooth's stored block means (unscaled)
     Q means      fp32 (B*H, N_pad / block_m, D): Q smoothing's block means, for the bias
     outer scales fp32 (B*H,): the two-level scale of an operand that has one
 
-One byte per code, not two codes per byte: the attention kernel dequantizes to FP16 for a
-16-bit MMA, so packing would only add an unpack. Roundings are done in integer and float
-arithmetic with explicit ties-to-even (the magic-number add), never by a conversion, so the
-codes do not depend on how a compiler lowers a cast; divisions are `div_rn`; block means are
-summed in FP64, as the emulation sums them. A group holding a non-finite value has a NaN
-microscale and zero codes (`quantize.abs_max`), as the emulation's. Both kernels are compiled
-with `enable_fp_fusion=False`: the scale fold q * c followed by Q smoothing's subtraction
-would otherwise become one FMA, rounded once where the emulation rounds twice.
+The codes themselves are the values over their microscales, exactly (`Nvfp4Operands.codes`).
+Dequantized here, once a call, rather than in the attention kernel: there every K and V tile
+would be dequantized again by each of the N / block_m programs that read it, and the codes'
+loads could not stream into shared memory as FP16 tiles do.
+
+One pass over each input: Q (gather-free: the scale fold, Q smoothing's block means, codes), K
+(its token mean by one more read, then gather, mean subtraction, codes, and for Q smoothing
+the gathered 16-bit rows the bias reads), V (gather, V-Smooth's block means, codes). Roundings
+are done in integer and float arithmetic with explicit ties-to-even (the magic-number add),
+never by a conversion, so the codes do not depend on how a compiler lowers a cast; the
+division by the scale is the correctly rounded quotient (Markstein's correction, below); block
+means are summed in FP64, as the emulation sums them. Both kernels are compiled with
+`enable_fp_fusion=False`: the scale fold q * c followed by Q smoothing's subtraction would
+otherwise become one FMA, rounded once where the emulation rounds twice.
+
+Non-finite input, as the emulation's: a group holding a NaN or an infinity has a NaN
+microscale, NaN values and zero codes (`quantize.abs_max`), and a (batch, head) with a NaN
+scale anywhere has NaN V values and V scales (`granularity.nonfinite_poison`), so its output
+is NaN and every other (batch, head)'s is unchanged.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -35,8 +49,17 @@ from vcbench.kernels.backends.triton.quantize import abs_max
 from vcbench.kernels.spec import granularity
 
 MAGIC_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + M) - M is y rounded half to even, |y| < 2^22
+MAGIC_MANTISSA = tl.constexpr(0x400000)  # the mantissa bits of 1.5 * 2^k
 E4M3_BIAS_SHIFT = tl.constexpr(3)  # E4M3 has 3 mantissa bits: its quantum is 2^(exponent - 3)
 E4M3_MIN_EXP = tl.constexpr(121)  # FP32 biased exponent of 2^-6, E4M3's smallest normal binade
+# RN(1 / (1 + m/8)) in FP32 for an E4M3 value's three mantissa bits m (the reciprocal of a
+# microscale is one of these times a power of two)
+_R = [float(np.float32(1) / np.float32(1 + m / 8)) for m in range(8)]
+R1, R2, R3, R4, R5, R6, R7 = (tl.constexpr(r) for r in _R[1:])
+# Triton's interpreter computes tl.fma as a product, rounded, then a sum: Markstein's correction
+# needs the fused one, so there the divisions are numpy's, the IEEE quotient the sequence gives
+# on a GPU (tests/test_exact_division.py holds the sequence to exact arithmetic).
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit
@@ -59,13 +82,23 @@ def round_e4m3_nonneg(x):
 
 
 @triton.jit
-def round_e2m1_twice(y):
-    """`formats.round_e2m1` times 2, as a float holding an integer in -12..12: the grid has
-    step 0.5 on [0, 2], 1 on [2, 4], 2 on [4, 6]; saturating at 6."""
-    mag = tl.minimum(tl.abs(y), 6.0)
-    v = tl.where(mag < 2.0, rne(mag * 2.0) * 0.5,
-                 tl.where(mag < 4.0, rne(mag - 2.0) + 2.0, rne((mag - 4.0) * 0.5) * 2.0 + 4.0))
-    return tl.where(y < 0, -2.0 * v, 2.0 * v)
+def round_e2m1_nonneg(y):
+    """`formats.round_e2m1` of y >= 0: min(y, 6) rounded to the multiple of its quantum (0.5
+    below 2, 1 on [2, 4), 2 from 4), ties to even, by one magic-number add whose exponent is
+    read off y's (1.5 * 2^23 * quantum). The even multiple is E2M1's even code at every tie
+    (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), and y in [1.75,
+    2) or [3.5, 4) rounds up to the next binade's first code, as the piecewise form's does."""
+    mag = tl.minimum(y, 6.0)
+    e = tl.maximum(mag.to(tl.int32, bitcast=True) >> 23, 127)  # FP32 exponent field, >= 2^0
+    magic = (((e + 22) << 23) + MAGIC_MANTISSA).to(tl.float32, bitcast=True)
+    return (mag + magic) - magic
+
+
+@triton.jit
+def round_e2m1(y):
+    """`formats.round_e2m1`: the magnitude's code with y's sign."""
+    v = round_e2m1_nonneg(tl.abs(y))
+    return tl.where(y < 0, -v, v)
 
 
 @triton.jit
@@ -76,34 +109,100 @@ def microscale(amax):
 
 
 @triton.jit
-def codes_twice(x, full):
-    """E2M1 codes (times 2) of x under the full scale `full` (microscale times any outer
-    scale); a zero scale gives zero codes."""
-    y = tl.math.div_rn(x, tl.where(full > 0, full, 1.0))
-    return round_e2m1_twice(tl.where(full > 0, y, 0.0))
+def recip_e4m3(x):
+    """div_rn(1, x) for x > 0 an E4M3 value (at most 4 significant bits: its FP32 mantissa is
+    in the top three bits), or one scaled by a power of two that keeps 1 / x normal: the
+    table's entry for the mantissa times 2^-exponent, exact, with no division. The entry by a
+    select on each mantissa bit in turn (7 selects, no compares)."""
+    bits = x.to(tl.int32, bitcast=True)
+    m0 = (bits & 0x100000) != 0
+    m1 = (bits & 0x200000) != 0
+    t = tl.where((bits & 0x400000) != 0,
+                 tl.where(m1, tl.where(m0, R7, R6), tl.where(m0, R5, R4)),
+                 tl.where(m1, tl.where(m0, R3, R2), tl.where(m0, R1, 1.0)))
+    pow2 = ((254 - ((bits >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
+    return t * pow2
 
 
 @triton.jit
-def _microscales(amax, Outer, bh, OUTER: tl.constexpr):
-    """(microscale, full scale) of groups whose absolute max is amax: with an outer scale per
-    (batch, head) (attnqat-tf's two levels) the microscale is of amax / outer and the full
-    scale their product, else both are the microscale."""
+def div_rn_markstein(x, d, recip):
+    """x / d rounded to nearest (div_rn's result), given recip = div_rn(1, d): q = x * recip
+    is within an ulp of the quotient, r = x - q d is exact by FMA, and q + r * recip rounded
+    once is the correctly rounded quotient when no intermediate is subnormal (Markstein's
+    correction; tests/test_exact_division.py checks it against exact arithmetic). A division
+    per element would be a subroutine call per element."""
+    if INTERPRETED:  # d = 0 only where the caller multiplies the quotient by 0; a NaN d
+        d = tl.zeros_like(x) + d  # (a non-finite group's) gives NaN, as the sequence does
+        return tl.math.div_rn(x, tl.where(d == 0, 1.0, d))
+    q = x * recip
+    r = tl.fma(-q, d, x)
+    return tl.fma(r, recip, q)
+
+
+@triton.jit
+def normalizer(d):
+    """2^(127 - e), e = max(d's FP32 exponent field, 1): d times it lies in [1, 2) (in [2^-23,
+    1) from FP32's subnormals), and a quotient keeps its value when both operands take it."""
+    e = tl.maximum((d.to(tl.int32, bitcast=True) >> 23) & 0xFF, 1)
+    return ((254 - e) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def nvfp4_values(x, amax, Outer, bh, OUTER: tl.constexpr):
+    """(microscale, values) of x under groups whose absolute max is amax, the scale's axis
+    broadcast by the caller: values = E2M1(x / full) * microscale, full the microscale (times
+    the outer scale with OUTER: attnqat-tf's two levels, the outer applied by the attention
+    kernel). A zero scale gives zero codes.
+    Each quotient is correctly rounded wherever it can change a code or a microscale
+    (tests/test_exact_division.py):
+      - x / microscale (an E4M3 value in [2^-9, 448]): the reciprocal from the table, x
+        unscaled. A nonzero code needs |x| >= 2^-11, and then no intermediate is subnormal;
+      - with an outer scale (any FP32): amax / outer and x / full on operands scaled by
+        `normalizer` of the divisor, the reciprocals by one division per (batch, head) and
+        one per group; a nonzero microscale or code needs a dividend >= 2^-31 after the
+        scaling (the same argument), and an underflowed dividend has a quotient below both."""
     if OUTER:
         outer = tl.load(Outer + bh)
-        scale = microscale(tl.math.div_rn(amax, tl.zeros_like(amax) + outer))
-        return scale, scale * outer
-    scale = microscale(amax)
-    return scale, scale
+        s_o = normalizer(outer)
+        d_o = outer * s_o
+        scale = microscale(div_rn_markstein(amax * s_o, d_o, tl.math.div_rn(1.0, d_o)))
+        full = scale * outer
+        # 0 for a zero scale, whose quotient (and code) must be 0
+        s_f = tl.where(full > 0, normalizer(full), 0.0)
+        d = tl.where(full > 0, full * s_f, 1.0)
+        y = div_rn_markstein(x * s_f, d, tl.math.div_rn(tl.zeros_like(d) + 1.0, d))
+    else:
+        scale = microscale(amax)
+        # d = 1 for a zero scale: every |x| there is below 6 * 2^-10, its quotient's code 0
+        d = tl.where(scale > 0, scale, 1.0)
+        y = div_rn_markstein(x, d, recip_e4m3(d))
+    return scale, round_e2m1(y) * scale
 
 
 @triton.jit
-def _quantize_qk(X, Perm, Mean, Outer, Codes, Scales, QMean, n, n_pad, stride_b, stride_h,
-                 stride_n, H, multiplier, ROWS: tl.constexpr, D: tl.constexpr,
+def _token_sums(X, Sums, n, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
+                D: tl.constexpr):
+    """K's token sum per (batch, head) in FP64, ROWS tokens a program, added atomically:
+    exact for 16-bit inputs (as `vsmooth.token_mean` says), so the order does not matter."""
+    block = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    rows = block * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, D)
+    x = tl.load(X + (bh // H) * stride_b + (bh % H) * stride_h + rows.to(tl.int64)[:, None]
+                * stride_n + cols[None, :], mask=(rows < n)[:, None], other=0.0)
+    tl.atomic_add(Sums + bh * D + cols, tl.sum(x.to(tl.float64), 0), sem="relaxed")
+
+
+@triton.jit
+def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, n, n_pad, stride_b,
+                 stride_h, stride_n, H, multiplier, ROWS: tl.constexpr, D: tl.constexpr,
                  HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr,
-                 SMOOTH: tl.constexpr, OUTER: tl.constexpr):
-    """Q or K, ROWS tokens of one (batch, head): optional gather by the permutation, scale
-    fold, token-mean subtraction (K smoothing), block-mean subtraction (Q smoothing, the mean
-    written out); microscales along D; codes. Loaded as (ROWS, D / 16, 16)."""
+                 SMOOTH: tl.constexpr, OUTER: tl.constexpr, GATHER_OUT: tl.constexpr):
+    """Q or K, ROWS tokens of one (batch, head): optional gather by the permutation (the
+    gathered input rows written out with GATHER_OUT, for the bias), scale fold, token-mean
+    subtraction (K smoothing), block-mean
+    subtraction (Q smoothing, the mean written out); microscales along D; values. Loaded as
+    (ROWS, D / 16, 16)."""
     block = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -115,8 +214,13 @@ def _quantize_qk(X, Perm, Mean, Outer, Codes, Scales, QMean, n, n_pad, stride_b,
     src = rows.to(tl.int64)
     if HAS_PERM:
         src = tl.load(Perm + bh * n + rows, mask=valid, other=0).to(tl.int64)
-    x = tl.load(X + b * stride_b + h * stride_h + src[:, None, None] * stride_n + cols[None],
-                mask=valid[:, None, None], other=0.0).to(tl.float32)
+    x_in = tl.load(X + b * stride_b + h * stride_h + src[:, None, None] * stride_n + cols[None],
+                   mask=valid[:, None, None], other=0.0)
+    r64 = rows.to(tl.int64)
+    if GATHER_OUT:
+        tl.store(Gathered + bh * n * D + r64[:, None, None] * D + cols[None], x_in,
+                 mask=valid[:, None, None])
+    x = x_in.to(tl.float32)
     if MULTIPLY:
         x = x * multiplier
     if HAS_MEAN:
@@ -126,27 +230,28 @@ def _quantize_qk(X, Perm, Mean, Outer, Codes, Scales, QMean, n, n_pad, stride_b,
         mean = (tl.sum(x.to(tl.float64), 0) / count).to(tl.float32)
         tl.store(QMean + (bh * (n_pad // ROWS) + block) * D + cols, mean)
         x = tl.where(valid[:, None, None], x - mean[None], 0.0)
-    scale, full = _microscales(abs_max(x, 2), Outer, bh, OUTER)  # (ROWS, D / 16)
-    codes = codes_twice(x, full[:, :, None])
-    r64 = rows.to(tl.int64)
-    tl.store(Codes + bh * n_pad * D + r64[:, None, None] * D + cols[None], codes.to(tl.int8))
+    scale, values = nvfp4_values(x, abs_max(x, 2)[:, :, None], Outer, bh, OUTER)
+    tl.store(Values + bh * n_pad * D + r64[:, None, None] * D + cols[None], values.to(tl.float16))
     tl.store(Scales + bh * n_pad * (D // 16) + r64[:, None] * (D // 16) + groups[None, :],
-             scale.to(tl.float16))
+             tl.reshape(scale, (ROWS, D // 16)).to(tl.float16))
 
 
 @triton.jit
-def _quantize_v(X, Perm, Outer, Codes, Scales, StoredMeans, n, n_pad, stride_b, stride_h,
+def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, n, n_pad, stride_b, stride_h,
                 stride_n, H, ROWS: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
                 DEMEAN: tl.constexpr, OUTER: tl.constexpr):
     """V, one KV tile (ROWS tokens) of one (batch, head): optional gather by the permutation,
     V-Smooth's block mean (FP64 sum, stored FP16, the residual taken against the stored
-    value); microscales along the tokens; codes. Loaded as (ROWS / 16, 16, D)."""
+    value); microscales along the tokens; values. Loaded as (16, ROWS / 16, D), token 16 g + i
+    at [i, g]: the compiler lays a thread's registers along the first axis, so each group's
+    tokens sit in one thread (or two warps) and its microscale is computed once per column
+    held, not once per element as a (ROWS / 16, 16, D) tile would have it."""
     tile = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
     h = bh % H
     groups = tl.arange(0, ROWS // 16)
-    rows = tile * ROWS + groups[:, None] * 16 + tl.arange(0, 16)[None, :]  # (ROWS / 16, 16)
+    rows = tile * ROWS + groups[None, :] * 16 + tl.arange(0, 16)[:, None]  # (16, ROWS / 16)
     cols = tl.arange(0, D)
     valid = rows < n
     src = rows.to(tl.int64)
@@ -161,24 +266,41 @@ def _quantize_v(X, Perm, Outer, Codes, Scales, StoredMeans, n, n_pad, stride_b, 
         stored = stored.to(tl.float16)
         tl.store(StoredMeans + (bh * (n_pad // ROWS) + tile) * D + cols, stored)
         x = tl.where(valid[:, :, None], x - stored.to(tl.float32)[None, None, :], 0.0)
-    scale, full = _microscales(abs_max(x, 1), Outer, bh, OUTER)  # (ROWS / 16, D)
-    codes = codes_twice(x, full[:, None, :])
+    scale, values = nvfp4_values(x, abs_max(x, 0)[None, :, :], Outer, bh, OUTER)
     r64 = rows.to(tl.int64)
-    tl.store(Codes + bh * n_pad * D + r64[:, :, None] * D + cols[None, None, :],
-             codes.to(tl.int8))
+    tl.store(Values + bh * n_pad * D + r64[:, :, None] * D + cols[None, None, :],
+             values.to(tl.float16))
     scale_rows = (tile * (ROWS // 16) + groups).to(tl.int64)
     tl.store(Scales + bh * (n_pad // 16) * D + scale_rows[:, None] * D + cols[None, :],
-             scale.to(tl.float16))
+             tl.reshape(scale, (ROWS // 16, D)).to(tl.float16))
+
+
+@triton.jit
+def _fill_nan(X, Poison, per_head, BLOCK: tl.constexpr):
+    """NaN over all per_head elements of each (batch, head) whose `nonfinite_poison` is NaN,
+    one program a (batch, head). A finite head's program reads its flag and ends, so a call
+    without non-finite input writes nothing; the rare poisoned head is written by one
+    program."""
+    bh = tl.program_id(0).to(tl.int64)
+    poison = tl.load(Poison + bh)
+    if poison != poison:
+        nan = tl.full((BLOCK,), float("nan"), X.dtype.element_ty)
+        for start in range(0, per_head, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            tl.store(X + bh * per_head + offs, nan, mask=offs < per_head)
 
 
 # --- the host side ------------------------------------------------------------------------
 
 OUTER_DIVISOR = 448.0 * 6.0  # E4M3 max x E2M1 max: what a two-level scale divides the amax by
+# 128 x 128 elements a program: 64 a thread (as FP64 for the block means, 128 registers)
+NUM_WARPS = 8
 
 
 @dataclass
 class Nvfp4Operands:
-    """What `nvfp4_attention.launch` reads (layouts in the module docstring)."""
+    """What `nvfp4_attention.launch` reads (layouts in the module docstring): q, k, v are the
+    dequantized FP16 values, the scales are there for `codes` and the tests."""
 
     q: torch.Tensor
     q_scale: torch.Tensor
@@ -201,8 +323,19 @@ class Nvfp4Operands:
     bias_q: torch.Tensor | None = None
     k_mean: torch.Tensor | None = None
     k_input: torch.Tensor | None = None
-    perm: torch.Tensor | None = None
     permutation: torch.Tensor | None = None
+
+    def codes(self, name: str, heads: slice = slice(None)) -> torch.Tensor:
+        """The E2M1 codes (values, as the emulation's `Quantized.codes`) of operand "q", "k" or
+        "v", (B*H, N_pad, D) FP32, or of the (batch, head)s `heads`: values over their
+        microscales, exact (a code times an E4M3 value is exact in FP16, so dividing it back
+        is too); zero where the scale is zero or NaN. A non-finite group's codes are zero in
+        the emulation too; a poisoned (batch, head)'s V codes are not recoverable from its NaN
+        values (the emulation keeps them, under its NaN scales)."""
+        values = getattr(self, name)[heads].float()
+        scale = getattr(self, f"{name}_scale")[heads].float()
+        full = scale.repeat_interleave(16, dim=-2 if name == "v" else -1)
+        return torch.where(full > 0, values / torch.where(full > 0, full, 1.0), 0.0)
 
 
 def _outer(amax: torch.Tensor) -> torch.Tensor:
@@ -240,71 +373,85 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     def outer_of(x, quantizer, scale=None):
         if not quantizer.granularity.global_scale:
             return None
-        amax = granularity.abs_max(x, (-2, -1)).float()
+        # max |x| in one read (x.abs() would write a copy first); exact in any dtype, NaN
+        # propagated; an infinity made NaN, as `granularity.abs_max` does
+        amax = torch.linalg.vector_norm(x, float("inf"), dim=(-2, -1)).float()
+        amax = torch.where(torch.isfinite(amax), amax, torch.full_like(amax, float("nan")))
         # Rounded multiplication is monotone: max |x * c| = max |x| * c, bit for bit.
         return _outer(amax if scale is None else amax * scale.to(dev))
 
-    def quantize_qk(x, quantizer, rows, n_pad, *, multiplier=None, mean=None, gather=None,
-                    smooth=False, outer=None):
-        codes = torch.empty(b * h, n_pad, d, device=dev, dtype=torch.int8)
+    def quantize_qk(x, rows, n_pad, *, multiplier=None, mean=None, gather=None,
+                    smooth=False, outer=None, gathered=None):
+        values = torch.empty(b * h, n_pad, d, device=dev, dtype=torch.float16)
         scales = torch.empty(b * h, n_pad, d // 16, device=dev, dtype=torch.float16)
         q_mean = (torch.empty(b * h, n_pad // rows, d, device=dev, dtype=torch.float32)
                   if smooth else None)
-        x = _last_dim_contiguous(x)
         spare = scales  # any pointer, for the arguments a switch leaves unread
         _quantize_qk[(n_pad // rows, b * h)](
             x, gather if gather is not None else spare, mean if mean is not None else spare,
-            outer if outer is not None else spare, codes, scales,
-            q_mean if q_mean is not None else spare, n, n_pad, x.stride(0), x.stride(1),
-            x.stride(2), h, float(multiplier) if multiplier is not None else 1.0, ROWS=rows, D=d,
+            outer if outer is not None else spare, values, scales,
+            q_mean if q_mean is not None else spare, gathered if gathered is not None else spare,
+            n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,
+            float(multiplier) if multiplier is not None else 1.0, ROWS=rows, D=d,
             HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
             MULTIPLY=multiplier is not None, SMOOTH=smooth, OUTER=outer is not None,
-            enable_fp_fusion=False)
-        return codes, scales, q_mean
+            GATHER_OUT=gathered is not None, num_warps=NUM_WARPS, enable_fp_fusion=False)
+        return values, scales, q_mean
 
-    def token_mean_fp32(x):  # vsmooth.token_mean of x in FP32, without an FP32 or FP64 copy
-        return (x.sum(dim=-2, dtype=torch.float64) / n).float().reshape(b * h, d).contiguous()
+    def token_mean_fp32(x):  # vsmooth.token_mean of x in FP32: FP64 sums, one read
+        sums = torch.zeros(b * h, d, device=dev, dtype=torch.float64)
+        _token_sums[(triton.cdiv(n, 128), b * h)](
+            x, sums, n, x.stride(0), x.stride(1), x.stride(2), h, ROWS=128, D=d,
+            num_warps=NUM_WARPS)
+        return (sums / n).float()
 
-    k_mean = None
+    k_mean = k_input = None
     if plan.hadamard_qk:  # rotations in torch, exactly as the emulation orders them
         qf = rotate(q.float() * scale_log2.to(dev))
-        kf = k.float()
         if perm is not None:
-            kf = torch.gather(kf, 2, perm.long()[..., None].expand_as(kf))
+            k = torch.gather(k, 2, perm.long()[..., None].expand_as(k))
+        kf = k.float()
         kf = rotate(kf) - rotate(token_mean(kf)) if plan.smooth_k else rotate(kf)
         q_out, k_out = outer_of(qf, plan.q), outer_of(kf, plan.k)
-        qc, qs, q_mean = quantize_qk(qf, plan.q, bm, nq_pad, smooth=plan.smooth_q, outer=q_out)
-        kc, ks, _ = quantize_qk(kf, plan.k, bn, nk_pad, outer=k_out)
+        qv, qs, q_mean = quantize_qk(qf, bm, nq_pad, smooth=plan.smooth_q, outer=q_out)
+        kv, ks, _ = quantize_qk(kf, bn, nk_pad, outer=k_out)
         del kf
         if plan.smooth_q:
-            k_mean = token_mean_fp32(k) if plan.smooth_k else torch.zeros(b * h, d, device=dev)
+            k_input = k.contiguous()
+            k_mean = token_mean_fp32(k_input) if plan.smooth_k else torch.zeros(b * h, d, device=dev)
     else:
+        q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
         q_out, k_out = outer_of(q, plan.q, scale_log2), outer_of(k, plan.k)
-        qc, qs, q_mean = quantize_qk(q, plan.q, bm, nq_pad, multiplier=scale_log2.item(),
+        qv, qs, q_mean = quantize_qk(q, bm, nq_pad, multiplier=scale_log2.item(),
                                      smooth=plan.smooth_q, outer=q_out)
-        k = _last_dim_contiguous(k)
         if plan.smooth_k:
             k_mean = token_mean_fp32(k)
-        kc, ks, _ = quantize_qk(k, plan.k, bn, nk_pad, mean=k_mean, gather=perm, outer=k_out)
+        if plan.smooth_q:  # the bias reads K's rows contiguous and in the permuted order
+            k_input = k if perm is None and k.is_contiguous() else torch.empty(
+                b, h, n, d, device=dev, dtype=k.dtype)
+        kv, ks, _ = quantize_qk(k, bn, nk_pad, mean=k_mean, gather=perm, outer=k_out,
+                                gathered=k_input if k_input is not k else None)
         if plan.smooth_q and k_mean is None:
             k_mean = torch.zeros(b * h, d, device=dev)
 
     v = _last_dim_contiguous(v)
     v_out = outer_of(v, plan.v)
-    vc = torch.empty(b * h, nk_pad, d, device=dev, dtype=torch.int8)
+    vv = torch.empty(b * h, nk_pad, d, device=dev, dtype=torch.float16)
     vs = torch.empty(b * h, nk_pad // 16, d, device=dev, dtype=torch.float16)
     demean = plan.vsmooth is not None
     v_mean = torch.empty(b * h, nk_pad // bn, d, device=dev, dtype=torch.float16) if demean else None
     _quantize_v[(nk_pad // bn, b * h)](
-        v, perm if perm is not None else vs, v_out if v_out is not None else vs, vc, vs,
+        v, perm if perm is not None else vs, v_out if v_out is not None else vs, vv, vs,
         v_mean if v_mean is not None else vs, n, nk_pad, v.stride(0), v.stride(1), v.stride(2),
         h, ROWS=bn, D=d, HAS_PERM=perm is not None, DEMEAN=demean, OUTER=v_out is not None,
-        enable_fp_fusion=False)
+        num_warps=NUM_WARPS, enable_fp_fusion=False)
 
     # as engine.prepare: a (batch, head) with a NaN scale has NaN V scales (the microscales
-    # of the PV product's operand, and the epilogue's outer scale where there is one)
+    # of the PV product's operand, and the epilogue's outer scale where there is one), and so
+    # NaN V values, the microscales being in them: the emulation's codes times NaN
     poison = granularity.nonfinite_poison((b, h), qs, q_out, ks, k_out, vs, v_out).reshape(-1)
-    vs += poison.half()[:, None, None]
+    for x in (vv, vs):
+        _fill_nan[(b * h,)](x, poison, x[0].numel(), BLOCK=1024)
     if v_out is not None:
         v_out = v_out + poison
 
@@ -312,8 +459,7 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     if q_mean is not None:
         bias_q = rotate(q_mean) if plan.hadamard_qk else q_mean
     return Nvfp4Operands(
-        q=qc, q_scale=qs, k=kc, k_scale=ks, v=vc, v_scale=vs, n=n, block_m=bm, block_n=bn,
+        q=qv, q_scale=qs, k=kv, k_scale=ks, v=vv, v_scale=vs, n=n, block_m=bm, block_n=bn,
         q_outer=q_out, k_outer=k_out, v_outer=v_out, v_mean=v_mean, q_mean=q_mean,
         bias_q=None if bias_q is None else bias_q.contiguous(), k_mean=k_mean,
-        k_input=k.contiguous() if q_mean is not None else None, perm=perm,
-        permutation=permutation)
+        k_input=k_input, permutation=permutation)
