@@ -139,24 +139,75 @@ def run_generate(req: GenerateRequest, show_progress: bool = True) -> Path:
         return _generate(req, items, method_options, rank, world, show_progress)
 
 
-def _generate(req, items, method_options, rank, world, show_progress) -> Path:
+@dataclass(frozen=True)
+class GenerateRun:
+    """What every clip of one run shares, resolved once: the request, the loaded model, the
+    clip settings and method options it resolved to, the run folder, and this process's place
+    among the torchrun processes. It travels as one object so that a clip's signature, its
+    implementation label and the manifest are all computed from the same values."""
+
+    req: GenerateRequest
+    model: LoadedModel
+    settings: ClipSettings
+    method_options: dict[str, dict[str, Any]]
+    folder: RunFolder
+    items: list[Item]  # the whole plan, in order: what the manifest lists
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def root(self) -> Path:
+        return self.folder.path
+
+    @property
+    def mine(self) -> list[Item]:
+        return self.items[self.rank::self.world]
+
+    @property
+    def writes_manifest(self) -> bool:
+        return self.rank == 0
+
+    def signature(self, item: Item) -> dict[str, Any]:
+        """The fields that define a clip: a finished row is reused only if these all match."""
+        req = self.req
+        return {"item": item.key, "method": item.method,
+                "options": {**self.method_options[item.method], **_schedule(req)},
+                "prompt_id": item.prompt.id, "prompt": item.prompt.text, "seed": item.seed,
+                **asdict(self.settings), "model": self.model.name,
+                "random_weights": self.model.random_weights, "backend": req.backend,
+                **({"lora_path": str(req.lora_path)} if req.lora_path else {}),
+                **({"compile": True} if req.compile else {})}
+
+    def implementation(self, item: Item) -> str:
+        """What computed this clip's attention: "emulate" or the GPU kernel's label."""
+        from vcbench.kernels import implementation_label
+
+        return implementation_label(item.method, self.method_options[item.method],
+                                    self.req.backend, str(self.model.device).startswith("cuda"))
+
+
+def _generate(req: GenerateRequest, items: list[Item], method_options: dict[str, dict[str, Any]],
+              rank: int, world: int, show_progress: bool) -> Path:
+    """Load the model, resolve the run once into a `GenerateRun`, and make this process's clips."""
     from vcbench.pipelines.registry import load_model
 
     model = load_model(req.model, req.model_path, distributed.device(req.device), req.lora_path)
     settings = resolve_settings(model, req)
     config = _config(req, model, settings, method_options, world)
-    run = RunFolder(path=Path(req.out), command="generate", config=config)
-    mine = items[rank::world]
-    shard = _Shard(run.path, rank, world)
+    run = GenerateRun(req, model, settings, method_options,
+                      RunFolder(path=Path(req.out), command="generate", config=config), items,
+                      rank, world)
+    shard = _Shard(run.root, rank, world)
     status = "failed"
     if rank == 0 and not can_write_mp4():
         print("warning: PyAV (av) is not installed: clips get no preview.mp4 (scoring reads "
               "the PNG frames)", file=sys.stderr, flush=True)
     try:
-        if rank == 0:
-            _write_manifest(run, items, "running")
-        with ClipProgress(len(mine), settings.steps, enabled=show_progress and rank == 0) as bar:
-            _run_items(run, model, mine, settings, req, method_options, bar, rank == 0, items, shard)
+        if run.writes_manifest:
+            _write_manifest(run, "running")
+        with ClipProgress(len(run.mine), settings.steps,
+                          enabled=show_progress and rank == 0) as bar:
+            _run_items(run, bar, shard)
         status = "ok"
     except KeyboardInterrupt:
         status = "interrupted"
@@ -164,12 +215,12 @@ def _generate(req, items, method_options, rank, world, show_progress) -> Path:
     finally:
         if status == "ok":
             distributed.barrier()
-        if rank == 0:
-            rows = _write_manifest(run, items, status)
+        if run.writes_manifest:
+            rows = _write_manifest(run, status)
             if status == "ok" and any(r["status"] != "ok" for r in rows):
-                _write_manifest(run, items, "failed")  # some clips errored: say so
+                _write_manifest(run, "failed")  # some clips errored: say so
         distributed.teardown()
-    return run.path
+    return run.root
 
 
 @dataclass
@@ -209,9 +260,9 @@ def _read_shards(root: Path, world: int) -> list[dict[str, Any]]:
     return shards
 
 
-def _run_items(run, model, items, settings, req, method_options, bar, writes_manifest, all_items,
-               shard):
+def _run_items(run: GenerateRun, bar: ClipProgress, shard: _Shard) -> None:
     active = uncompile = None
+    req = run.req
 
     def release() -> None:
         if uncompile is not None:
@@ -220,9 +271,9 @@ def _run_items(run, model, items, settings, req, method_options, bar, writes_man
             active.restore()
 
     try:
-        for item in items:
+        for item in run.mine:
             bar.start_clip(item.key)
-            if _finished(run.path, item, _signature(item, settings, req, model, method_options)):
+            if _finished(run.root, item, run.signature(item)):
                 shard.skipped.append(item.key)
                 shard.write()
                 bar.skip_clip()
@@ -230,28 +281,29 @@ def _run_items(run, model, items, settings, req, method_options, bar, writes_man
             if active is None or active.method != item.method:
                 release()
                 uncompile = None
-                active = patch(model.pipe, item.method, backend=req.backend,
-                               **method_options[item.method], **_schedule(req))
+                active = patch(run.model.pipe, item.method, backend=req.backend,
+                               **run.method_options[item.method], **_schedule(req))
                 if req.compile:  # compiled per method: the graph holds the method's ops
-                    uncompile = compile_denoisers(model.pipe)
+                    uncompile = compile_denoisers(run.model.pipe)
             try:
-                _make_clip(run.path, model, item, settings, req, method_options, active, bar)
+                _make_clip(run, item, active, bar)
                 shard.made.append(item.key)
                 shard.write()
             finally:
-                if writes_manifest:
-                    _write_manifest(run, all_items, "running")
+                if run.writes_manifest:
+                    _write_manifest(run, "running")
             bar.end_clip()
     finally:
         release()
 
 
-def _make_clip(root, model, item, settings, req, method_options, active, bar):
+def _make_clip(run: GenerateRun, item: Item, active, bar: ClipProgress) -> None:
+    root, model, settings = run.root, run.model, run.settings
     clip = root / "clips" / item.key
     clip.mkdir(parents=True, exist_ok=True)
     for stale in clip.glob(".*.tmp-*"):  # left by a clip killed mid-write
         shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
-    row = _signature(item, settings, req, model, method_options)
+    row = run.signature(item)
     write_json(clip / ROW, {**row, "status": "partial"})
     active.reset()
     done = [0]  # steps finished, for the error line of a clip that fails part way
@@ -291,31 +343,12 @@ def _make_clip(root, model, item, settings, req, method_options, active, bar):
         write_mp4(frames, clip / "preview.mp4")
         mp4 = f"{rel}/preview.mp4"
     write_json(clip / ROW, {**row, "status": "ok", "wall_s": round(wall, 4),
-                            **({"compile_s": round(compiled_s, 4)} if req.compile else {}),
+                            **({"compile_s": round(compiled_s, 4)} if run.req.compile else {}),
                             "frames_dir": f"{rel}/frames", "mp4": mp4, **extra,
                             "sha256": digest, "num_frames_written": int(frames.shape[0]),
-                            "implementation": _implementation(item, req, model, method_options),
+                            "implementation": run.implementation(item),
                             "grouping_actions": {str(k): v for k, v in sorted(active.actions.items())},
                             "attention_calls": sum(active.routed.values())})
-
-
-def _signature(item, settings, req, model, method_options) -> dict[str, Any]:
-    """The fields that define a clip: a finished row is reused only if these all match."""
-    return {"item": item.key, "method": item.method,
-            "options": {**method_options[item.method], **_schedule(req)},
-            "prompt_id": item.prompt.id, "prompt": item.prompt.text, "seed": item.seed,
-            **asdict(settings), "model": model.name, "random_weights": model.random_weights,
-            "backend": req.backend,
-            **({"lora_path": str(req.lora_path)} if req.lora_path else {}),
-            **({"compile": True} if req.compile else {})}
-
-
-def _implementation(item, req, model, method_options) -> str:
-    """What computed this clip's attention: "emulate" or the GPU kernel's label."""
-    from vcbench.kernels import implementation_label
-
-    return implementation_label(item.method, method_options[item.method], req.backend,
-                                str(model.device).startswith("cuda"))
 
 
 def _finished(root: Path, item: Item, signature: dict[str, Any]) -> bool:
@@ -353,13 +386,13 @@ def _release_memory(model: LoadedModel) -> None:
         torch.cuda.empty_cache()
 
 
-def _write_manifest(run: RunFolder, items: list[Item], status: str) -> list[dict[str, Any]]:
+def _write_manifest(run: GenerateRun, status: str) -> list[dict[str, Any]]:
     """The manifest's rows: the clips of this request, in plan order. A clip an earlier request
     left in the folder (another seed, prompt or method) stays on disk but is not listed: the
     manifest's items are what its config describes, and what `vcbench score` reads."""
-    order = {it.key: i for i, it in enumerate(items)}
+    order = {it.key: i for i, it in enumerate(run.items)}
     rows = []
-    for path in sorted((run.path / "clips").glob(f"**/{ROW}")):
+    for path in sorted((run.root / "clips").glob(f"**/{ROW}")):
         try:
             row = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
@@ -367,9 +400,9 @@ def _write_manifest(run: RunFolder, items: list[Item], status: str) -> list[dict
         if row.get("item") in order:
             rows.append(row)
     rows.sort(key=lambda r: order[r["item"]])
-    run.items = rows
-    run.extra["ranks"] = _read_shards(run.path, run.config["world_size"])
-    run.write_manifest(status)
+    run.folder.items = rows
+    run.folder.extra["ranks"] = _read_shards(run.root, run.world)
+    run.folder.write_manifest(status)
     return rows
 
 
