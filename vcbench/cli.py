@@ -411,12 +411,19 @@ def report(runs: list[Path] = typer.Argument(..., help="Run folders: generate (w
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app, turning user mistakes into one line and exit 2."""
+    """Entry point: run the app, turning user mistakes into one line and exit 2, and SIGINT or
+    SIGTERM into one line and exit 130 or 143."""
+    from vcbench import interrupts
+
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     command = typer.main.get_command(app)
+    interrupts.install()
     try:
-        command.main(args=argv, prog_name="vcbench", standalone_mode=False)
+        # The context directly, not command.main(): Typer's main turns KeyboardInterrupt into
+        # a returned 130 that says nothing (and loses which signal it was).
+        with command.make_context("vcbench", list(argv)) as ctx:
+            command.invoke(ctx)
     except typer.Exit as e:  # --help and friends
         sys.exit(e.exit_code)
     except typer.Abort:
@@ -435,9 +442,14 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        if interrupts.is_rank0():
+            print(interrupts.message(e, argv), file=sys.stderr, flush=True)
+        sys.exit(interrupts.exit_status(e))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,15 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
+def remove_temporaries(folder: str | os.PathLike) -> None:
+    """Delete the temporaries `atomic_write_bytes` left in `folder` when its process was
+    stopped at once between writing one and renaming it (the file it was to replace is
+    intact). Only for a folder this process holds (`sole_writer`): another writer's
+    temporary would be in use."""
+    for tmp in Path(folder).glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 

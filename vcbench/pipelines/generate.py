@@ -17,7 +17,8 @@ Each clip's `row.json` is the source of truth and is written atomically by the p
 made the clip; `manifest.json` is rebuilt from the rows of the requested clips. So a killed
 run loses only the clip in flight (its row says `partial`), several torchrun processes never
 write the same file, and a rerun skips every clip whose row matches the request and whose
-frames still hash to the recorded sha256.
+frames still hash to the recorded sha256. Ctrl-C or SIGTERM marks the manifest `interrupted`
+(vcbench.interrupts); the rerun says how many finished clips it kept.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vcbench import interrupts
 from vcbench.errors import UserError
 from vcbench.kernels import get_method
 from vcbench.kernels.spec.vsmooth import GroupingSchedule
@@ -50,7 +52,7 @@ from vcbench.pipelines.video_io import (
     write_mp4,
     write_npy,
 )
-from vcbench.runs import RunFolder, sole_writer, write_json
+from vcbench.runs import MANIFEST, RunFolder, remove_temporaries, sole_writer, write_json
 
 ROW = "row.json"
 RANKS = "ranks"
@@ -197,8 +199,18 @@ def _generate(req: GenerateRequest, items: list[Item], method_options: dict[str,
     run = GenerateRun(req, model, settings, method_options,
                       RunFolder(path=Path(req.out), command="generate", config=config), items,
                       rank, world)
+    resuming = (run.root / MANIFEST).is_file()
+    if run.writes_manifest:
+        for folder in (run.root, run.root / RANKS):  # left by a run stopped at once mid-write
+            remove_temporaries(folder)
     shard = _Shard(run.root, rank, world)
-    status = "failed"
+    # Rank 0 checks every clip of the plan, to say what a rerun kept; the others their own.
+    finished = {it.key for it in (items if run.writes_manifest else run.mine)
+                if _finished(run.root, it, run.signature(it))}
+    if resuming and run.writes_manifest:
+        print(f"resuming: kept {len(finished)} of {len(items)} clips in {run.root}",
+              file=sys.stderr, flush=True)
+    status, interrupted = "failed", None
     if rank == 0 and not can_write_mp4():
         print("warning: PyAV (av) is not installed: clips get no preview.mp4 (scoring reads "
               "the PNG frames)", file=sys.stderr, flush=True)
@@ -207,10 +219,10 @@ def _generate(req: GenerateRequest, items: list[Item], method_options: dict[str,
             _write_manifest(run, "running")
         with ClipProgress(len(run.mine), settings.steps,
                           enabled=show_progress and rank == 0) as bar:
-            _run_items(run, bar, shard)
+            _run_items(run, bar, shard, finished)
         status = "ok"
-    except KeyboardInterrupt:
-        status = "interrupted"
+    except KeyboardInterrupt as e:
+        status, interrupted = "interrupted", e
         raise
     finally:
         if status == "ok":
@@ -219,6 +231,10 @@ def _generate(req: GenerateRequest, items: list[Item], method_options: dict[str,
             rows = _write_manifest(run, status)
             if status == "ok" and any(r["status"] != "ok" for r in rows):
                 _write_manifest(run, "failed")  # some clips errored: say so
+            if interrupted is not None:
+                done = sum(r["status"] == "ok" for r in rows)
+                interrupts.describe(interrupted, f"{done} of {len(items)} clips finished "
+                                    "(the one in flight is marked partial)", out=run.root)
         distributed.teardown()
     return run.root
 
@@ -260,7 +276,7 @@ def _read_shards(root: Path, world: int) -> list[dict[str, Any]]:
     return shards
 
 
-def _run_items(run: GenerateRun, bar: ClipProgress, shard: _Shard) -> None:
+def _run_items(run: GenerateRun, bar: ClipProgress, shard: _Shard, finished: set[str]) -> None:
     active = uncompile = None
     req = run.req
 
@@ -273,7 +289,7 @@ def _run_items(run: GenerateRun, bar: ClipProgress, shard: _Shard) -> None:
     try:
         for item in run.mine:
             bar.start_clip(item.key)
-            if _finished(run.root, item, run.signature(item)):
+            if item.key in finished:
                 shard.skipped.append(item.key)
                 shard.write()
                 bar.skip_clip()
@@ -303,6 +319,7 @@ def _make_clip(run: GenerateRun, item: Item, active, bar: ClipProgress) -> None:
     clip.mkdir(parents=True, exist_ok=True)
     for stale in clip.glob(".*.tmp-*"):  # left by a clip killed mid-write
         shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
+    remove_temporaries(clip)
     row = run.signature(item)
     write_json(clip / ROW, {**row, "status": "partial"})
     active.reset()
