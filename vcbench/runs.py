@@ -34,6 +34,7 @@ import pandas as pd
 from vcbench.errors import UserError
 
 MANIFEST = "manifest.json"
+SCORE_FILE = "score.json"  # `vcbench score` writes it into the run it scored; report reads it
 _LIBRARIES = ("torch", "numpy", "pandas", "triton", "diffusers", "lpips", "scikit-image", "av")
 
 
