@@ -107,3 +107,12 @@ def test_a_second_signal_exits_at_once(tmp_path):
     assert done.returncode == 130
     assert done.stdout == f"unwinding {int(signal.SIGTERM)}\n"
     assert done.stderr == "interrupted again (SIGINT): stopped at once\n"
+
+
+def test_the_cli_in_process_gives_the_callers_handlers_back():
+    from vcbench.cli import main
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert {s: signal.getsignal(s) for s in before} == before

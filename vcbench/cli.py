@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     command = typer.main.get_command(app)
-    interrupts.install()
+    restore_signals, interrupted = interrupts.install(), False
     try:
         # The context directly, not command.main(): Typer's main turns KeyboardInterrupt into
         # a returned 130 that says nothing (and loses which signal it was).
@@ -456,6 +456,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as e:
+        interrupted = True  # handlers stay: a second signal while exiting still stops at once
         if debug:
             import traceback
 
@@ -463,6 +464,9 @@ def main(argv: list[str] | None = None) -> None:
         if interrupts.is_rank0():
             print(interrupts.message(e, argv), file=sys.stderr, flush=True)
         sys.exit(interrupts.exit_status(e))
+    finally:
+        if not interrupted:  # a caller running the CLI in-process gets its own handlers back
+            restore_signals()
 
 
 if __name__ == "__main__":

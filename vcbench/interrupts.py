@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -35,12 +35,19 @@ def exit_status(e: BaseException) -> int:
     return 128 + getattr(e, "signum", signal.SIGINT)
 
 
-def install() -> None:
-    """Route SIGINT and SIGTERM through `_on_signal`. A signal the parent set to be ignored
+def install() -> Callable[[], None]:
+    """Route SIGINT and SIGTERM through `_on_signal`; returns what puts the previous handlers
+    back (for a caller that runs the CLI in-process). A signal the parent set to be ignored
     (a shell's background job ignores SIGINT) stays ignored, as it would for any program."""
-    for signum in SIGNALS:
-        if signal.getsignal(signum) is not signal.SIG_IGN:
+    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    for signum, handler in previous.items():
+        if handler is not signal.SIG_IGN:
             signal.signal(signum, _on_signal)
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return restore
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
