@@ -284,6 +284,15 @@ def sole_writer(folder: str | os.PathLike, command: str) -> Iterator[None]:
         os.close(fd)
 
 
+def remove_unused_folder(folder: str | os.PathLike) -> None:
+    """Remove `folder` if it holds nothing but the writer lock: what a run that stopped
+    before writing anything (a refused request) would otherwise leave behind."""
+    folder = Path(folder)
+    if folder.is_dir() and {p.name for p in folder.iterdir()} <= {WRITER_LOCK}:
+        (folder / WRITER_LOCK).unlink(missing_ok=True)
+        folder.rmdir()
+
+
 def _lock_holder(fd: int, wait: bool = True) -> str | None:
     """Who the lock file names, in words; None when it names no one. A holder that has just
     taken the lock may not have written itself yet: `wait` gives it a second."""

@@ -40,7 +40,7 @@ from vcbench import interrupts
 from vcbench.errors import UserError
 from vcbench.kernels import get_method
 from vcbench.kernels.spec.vsmooth import GroupingSchedule
-from vcbench.pipelines import distributed
+from vcbench.pipelines import distributed, registry
 from vcbench.pipelines.loaded import ClipSettings, LoadedModel, nonfinite_frames, to_uint8
 from vcbench.pipelines.patch import SCHEDULE_OPTIONS, compile_denoisers, compile_seconds, patch
 from vcbench.pipelines.progress import ClipProgress
@@ -52,7 +52,14 @@ from vcbench.pipelines.video_io import (
     write_mp4,
     write_npy,
 )
-from vcbench.runs import MANIFEST, RunFolder, remove_temporaries, sole_writer, write_json
+from vcbench.runs import (
+    MANIFEST,
+    RunFolder,
+    remove_temporaries,
+    remove_unused_folder,
+    sole_writer,
+    write_json,
+)
 
 ROW = "row.json"
 RANKS = "ranks"
@@ -100,13 +107,11 @@ def check_options(methods: list[str], options: dict[str, dict[str, Any]]) -> dic
     return out
 
 
-def resolve_settings(model: LoadedModel, req: GenerateRequest) -> ClipSettings:
-    d = model.defaults
-    s = ClipSettings(steps=req.steps or d.steps, frames=req.frames or d.frames,
-                     height=req.height or d.height, width=req.width or d.width)
-    if min(s.steps, s.frames, s.height, s.width) < 1:
-        raise UserError("--steps, --frames, --height and --width must be positive")
-    return s
+def resolve_settings(defaults: ClipSettings, req: GenerateRequest) -> ClipSettings:
+    """The request's clip settings, each left out taken from the model's defaults (0 is a
+    value, and refused, not a default)."""
+    return ClipSettings(**{k: getattr(defaults, k) if getattr(req, k) is None else getattr(req, k)
+                           for k in ("steps", "frames", "height", "width")})
 
 
 def plan_items(req: GenerateRequest) -> list[Item]:
@@ -114,31 +119,53 @@ def plan_items(req: GenerateRequest) -> list[Item]:
         raise UserError("--methods is empty")
     if not req.seeds:
         raise UserError("--seeds is empty")
+    for flag, values in (("--methods", req.methods), ("--seeds", req.seeds)):
+        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if twice is not None:
+            raise UserError(f"{flag} lists {twice!r} twice")
     # Method-major so one process patches the pipeline once per method.
     return [Item(m, p, s) for m in req.methods for p in req.prompts for s in req.seeds]
 
 
-def run_generate(req: GenerateRequest, show_progress: bool = True) -> Path:
+def check_request(req: GenerateRequest) -> tuple[list[Item], dict[str, dict[str, Any]], ClipSettings]:
+    """Every part of the request a user can get wrong, checked before a model loads or a run
+    folder is made: the methods and their options, the schedule, the plan, the model and its
+    folder, the device, and the clip settings the model accepts."""
     for m in req.methods:
         get_method(m)  # unknown names fail before the model loads
     method_options = check_options(req.methods, req.options)
     _schedule(req)
     items = plan_items(req)
+    entry = registry.check_request(req.model, req.model_path, distributed.device(req.device),
+                                   req.lora_path)
+    settings = resolve_settings(entry.defaults, req)
+    registry.check_settings(entry, settings)
+    return items, method_options, settings
+
+
+def run_generate(req: GenerateRequest, show_progress: bool = True) -> Path:
+    items, method_options, settings = check_request(req)
     rank, world = distributed.setup()
+    made_folder = not Path(req.out).exists()
     # One writer per run folder: rank 0 holds the lock for its whole job, and no rank writes
     # before it has it (a second `vcbench generate` on the folder stops here, untouched).
-    with ExitStack() as held:
-        refused = None
-        if rank == 0:
-            try:
-                held.enter_context(sole_writer(req.out, "vcbench generate"))
-            except UserError as e:
-                refused = str(e)
-        refused = distributed.from_rank0(refused)
-        if refused:
-            distributed.teardown()
-            raise UserError(refused)
-        return _generate(req, items, method_options, rank, world, show_progress)
+    try:
+        with ExitStack() as held:
+            refused = None
+            if rank == 0:
+                try:
+                    held.enter_context(sole_writer(req.out, "vcbench generate"))
+                except UserError as e:
+                    refused = str(e)
+            refused = distributed.from_rank0(refused)
+            if refused:
+                distributed.teardown()
+                raise UserError(refused)
+            return _generate(req, items, method_options, settings, rank, world, show_progress)
+    except UserError:
+        if rank == 0 and made_folder:  # a run that never started leaves no folder behind
+            remove_unused_folder(req.out)
+        raise
 
 
 @dataclass(frozen=True)
@@ -189,12 +216,10 @@ class GenerateRun:
 
 
 def _generate(req: GenerateRequest, items: list[Item], method_options: dict[str, dict[str, Any]],
-              rank: int, world: int, show_progress: bool) -> Path:
+              settings: ClipSettings, rank: int, world: int, show_progress: bool) -> Path:
     """Load the model, resolve the run once into a `GenerateRun`, and make this process's clips."""
-    from vcbench.pipelines.registry import load_model
-
-    model = load_model(req.model, req.model_path, distributed.device(req.device), req.lora_path)
-    settings = resolve_settings(model, req)
+    model = registry.load_model(req.model, req.model_path, distributed.device(req.device),
+                                req.lora_path)
     config = _config(req, model, settings, method_options, world)
     run = GenerateRun(req, model, settings, method_options,
                       RunFolder(path=Path(req.out), command="generate", config=config), items,
