@@ -33,8 +33,20 @@ console = Console()
 _DEBUG = False
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from vcbench.runs import git_commit, vcbench_version
+
+        commit = git_commit()
+        print(f"vcbench {vcbench_version()}" + (f" (git {commit})" if commit else ""))
+        raise typer.Exit()
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+          version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print the version (and the git commit of a source "
+                                            "checkout) and exit.")) -> None:
     global _DEBUG
     _DEBUG = debug
 
@@ -259,8 +271,8 @@ def generate(
     seeds: str = typer.Option("0", "--seeds", help="Comma-separated seeds; the same seed gives every method the same noise."),
     steps: int = typer.Option(None, "--steps", help="Denoising steps (default: the paper's for the model)."),
     frames: int = typer.Option(None, "--frames", help="Frames per clip (default: the paper's)."),
-    height: int = typer.Option(None, "--height"),
-    width: int = typer.Option(None, "--width"),
+    height: int = typer.Option(None, "--height", help="Clip height in pixels (default: the paper's)."),
+    width: int = typer.Option(None, "--width", help="Clip width in pixels (default: the paper's)."),
     option: list[str] = typer.Option(None, "--option", help="METHOD.KEY=VALUE method option, repeatable."),
     schedule_fraction: float = typer.Option(None, "--schedule-fraction", help="Share of steps that group (paper: 0.25)."),
     schedule_refresh_every: int = typer.Option(None, "--schedule-refresh-every", help="Regroup every N grouping steps (paper: 4)."),
@@ -304,27 +316,57 @@ def _parse_seeds(text: str) -> list[int]:
 
 @app.command()
 def capture(
-    model: str = typer.Option("tiny-wan", "--model"),
-    model_path: Path = typer.Option(None, "--model-path"),
-    prompt: str = typer.Option("a red disk drifting right over blue stripes", "--prompt"),
-    seed: int = typer.Option(0, "--seed"),
+    model: str = typer.Option("tiny-wan", "--model", help="Model name, as for generate."),
+    model_path: Path = typer.Option(None, "--model-path", help="Local diffusers folder of the model (nothing is downloaded)."),
+    prompts: str = typer.Option("a red disk drifting right over blue stripes", "--prompts",
+                                help="The one prompt to run: its text, or a prompts file (as "
+                                     "generate reads) holding one prompt."),
+    seeds: str = typer.Option("0", "--seeds", help="The one seed to run (one integer)."),
     layers: str = typer.Option("0", "--layers", help="Comma-separated self-attention layer indices."),
     at_steps: str = typer.Option("0", "--at-steps", help="Comma-separated denoising steps to save."),
-    steps: int = typer.Option(None, "--steps"),
-    frames: int = typer.Option(None, "--frames"),
-    height: int = typer.Option(None, "--height"),
-    width: int = typer.Option(None, "--width"),
-    device: str = typer.Option(None, "--device"),
+    steps: int = typer.Option(None, "--steps", help="Denoising steps (default: the model's)."),
+    frames: int = typer.Option(None, "--frames", help="Frames per clip (default: the model's)."),
+    height: int = typer.Option(None, "--height", help="Clip height in pixels (default: the model's)."),
+    width: int = typer.Option(None, "--width", help="Clip width in pixels (default: the model's)."),
+    device: str = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: cuda if present)."),
     out: Path = typer.Option(Path("results/capture"), "--out", help="Folder for the .safetensors files."),
 ) -> None:
-    """Save post-RoPE q, k, v (+ grid) of chosen layers and steps to safetensors."""
+    """Save post-RoPE q, k, v (+ grid) of chosen layers and steps to safetensors.
+
+    One clip is run: --prompts and --seeds are spelled as for generate but take one each."""
     from vcbench.pipelines.capture import run_capture
 
-    written = run_capture(model, model_path, prompt, seed, [int(x) for x in _split_list(layers) or []],
-                          [int(x) for x in _split_list(at_steps) or []], out,
+    written = run_capture(model, model_path, _one_prompt(prompts), _one_seed(seeds),
+                          _parse_ints(layers, "--layers"), _parse_ints(at_steps, "--at-steps"), out,
                           {"steps": steps, "frames": frames, "height": height, "width": width}, device)
     for path in written:
         console.print(str(path))
+
+
+def _one_prompt(text: str) -> str:
+    """capture's --prompts: a prompts file holding one prompt, or else the prompt itself."""
+    from vcbench.pipelines.prompts import read_prompts
+
+    if not Path(text).is_file():
+        return text
+    found = read_prompts(text)
+    if len(found) != 1:
+        raise UserError(f"--prompts {text}: capture runs one prompt, the file holds {len(found)}")
+    return found[0].text
+
+
+def _one_seed(text: str) -> int:
+    seeds = _parse_seeds(text)
+    if len(seeds) != 1:
+        raise UserError(f"--seeds {text!r}: capture runs one seed")
+    return seeds[0]
+
+
+def _parse_ints(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in _split_list(text) or []]
+    except ValueError:
+        raise UserError(f"{flag} expects comma-separated integers, got {text!r}") from None
 
 
 # --- vcbench train-tiny / check-tiny -----------------------------------------------------------
@@ -332,13 +374,13 @@ def capture(
 @app.command("train-tiny")
 def train_tiny(
     out: Path = typer.Option(..., "--out", help="Folder for toywan.safetensors, card.md, loss.png."),
-    steps: int = typer.Option(6000, "--steps"),
-    batch: int = typer.Option(64, "--batch"),
-    lr: float = typer.Option(1e-3, "--lr"),
-    seed: int = typer.Option(0, "--seed"),
-    data_seed: int = typer.Option(0, "--data-seed"),
-    device: str = typer.Option("cpu", "--device"),
-    layers: int = typer.Option(3, "--layers"),
+    steps: int = typer.Option(6000, "--steps", help="Optimiser steps."),
+    batch: int = typer.Option(64, "--batch", help="Clips per batch."),
+    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the initial weights and the noise."),
+    data_seed: int = typer.Option(0, "--data-seed", help="Seed of the ToyVideo clips drawn."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    layers: int = typer.Option(3, "--layers", help="Transformer blocks of the new model."),
     max_seconds: float = typer.Option(None, "--max-seconds", help="Stop (and anneal) by this time."),
     workers: int = typer.Option(0, "--workers", help="DataLoader workers rendering clips."),
     check: bool = typer.Option(True, "--check/--no-check", help="Run the caption check at the end."),
@@ -368,7 +410,7 @@ def train_tiny(
 def check_tiny(
     weights: Path = typer.Option(None, "--weights", help="ToyWan safetensors (default: the packaged one)."),
     random: bool = typer.Option(False, "--random", help="The same config at a seeded random init."),
-    device: str = typer.Option(None, "--device"),
+    device: str = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: cuda if present)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if trained weights pass under 70% of the captions."),
     out: Path = typer.Option(None, "--out", help="Run folder: check.csv, strip.png (for `vcbench report`)."),
     json: Path = _JSON,

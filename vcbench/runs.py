@@ -38,11 +38,33 @@ SCORE_FILE = "score.json"  # `vcbench score` writes it into the run it scored; r
 _LIBRARIES = ("torch", "numpy", "pandas", "triton", "diffusers", "lpips", "scikit-image", "av")
 
 
+def umask() -> int:
+    """The process's umask, read without changing it (os.umask can only set it, and setting
+    it back leaves a moment in which another thread's files get the wrong mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _temporary(folder: Path, prefix: str, suffix: str) -> tuple[int, str]:
+    """mkstemp, with the mode a plain open() would give (0644 under the usual umask), not
+    mkstemp's private 0600: results are for the user's other tools and other users."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=suffix)
+    os.fchmod(fd, 0o666 & ~umask())
+    return fd, tmp
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` so that a reader sees the old file or the new one, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temporary(path.parent, f".{path.name}.", ".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -103,7 +125,7 @@ def write_table(df: pd.DataFrame, path_without_suffix: str | os.PathLike) -> lis
     base = Path(path_without_suffix)
     csv, parquet = base.with_suffix(".csv"), base.with_suffix(".parquet")
     atomic_write_text(csv, df.to_csv(index=False))
-    fd, tmp = tempfile.mkstemp(dir=base.parent, suffix=".parquet.tmp")
+    fd, tmp = _temporary(base.parent, f".{base.name}.", ".parquet.tmp")
     os.close(fd)
     try:
         df.to_parquet(tmp, index=False)
@@ -157,7 +179,7 @@ def device_description() -> dict[str, Any]:
     return info
 
 
-def _version() -> str:
+def vcbench_version() -> str:
     try:
         return metadata.version("vcbench")
     except metadata.PackageNotFoundError:
@@ -212,7 +234,7 @@ class RunFolder:
             "command": self.command,
             "status": status,
             "config": self.config,
-            "vcbench_version": _version(),
+            "vcbench_version": vcbench_version(),
             "git_commit": git_commit(),
             "libraries": library_versions(),
             "device": device_description(),
