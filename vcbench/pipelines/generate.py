@@ -229,11 +229,13 @@ def _generate(req: GenerateRequest, items: list[Item], method_options: dict[str,
         for folder in (run.root, run.root / RANKS):  # left by a run stopped at once mid-write
             remove_temporaries(folder)
     shard = _Shard(run.root, rank, world)
-    # Rank 0 checks every clip of the plan, to say what a rerun kept; the others their own.
-    finished = {it.key for it in (items if run.writes_manifest else run.mine)
-                if _finished(run.root, it, run.signature(it))}
+    finished = {it.key for it in run.mine if _finished(run.root, it, run.signature(it))}
     if resuming and run.writes_manifest:
-        print(f"resuming: kept {len(finished)} of {len(items)} clips in {run.root}",
+        # Other processes' clips by their rows alone: each process hashes its own frames,
+        # and may be replacing one while this one would read it.
+        others = sum(_finished(run.root, it, run.signature(it), hash_frames=False)
+                     for it in items if it not in run.mine)
+        print(f"resuming: kept {len(finished) + others} of {len(items)} clips in {run.root}",
               file=sys.stderr, flush=True)
     status, interrupted = "failed", None
     if rank == 0 and not can_write_mp4():
@@ -393,7 +395,7 @@ def _make_clip(run: GenerateRun, item: Item, active, bar: ClipProgress) -> None:
                             "attention_calls": sum(active.routed.values())})
 
 
-def _finished(root: Path, item: Item, signature: dict[str, Any]) -> bool:
+def _finished(root: Path, item: Item, signature: dict[str, Any], hash_frames: bool = True) -> bool:
     clip = root / "clips" / item.key
     try:
         row = json.loads((clip / ROW).read_text())
@@ -406,7 +408,7 @@ def _finished(root: Path, item: Item, signature: dict[str, Any]) -> bool:
         return False
     if row.get("mp4") and not (root / row["mp4"]).is_file():
         return False
-    return frames.is_dir() and frames_sha256(frames) == row.get("sha256")
+    return frames.is_dir() and (not hash_frames or frames_sha256(frames) == row.get("sha256"))
 
 
 def clip_error(e: BaseException, steps_done: int, steps: int) -> str:
