@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from vcbench.errors import UserError
+from vcbench.pipelines import longcat
 from vcbench.pipelines.hunyuan import HUNYUAN15_DEFAULTS, check_hunyuan15
 from vcbench.pipelines.loaded import ClipSettings, LoadedModel
-from vcbench.pipelines.longcat import LONGCAT_DEFAULTS, SUBFOLDERS, check_longcat
 from vcbench.pipelines.minimax import MINIMAX_DEFAULTS, check_minimax
 from vcbench.pipelines.tiny import TINY_WAN_RANDOM_DEFAULTS
 from vcbench.pipelines.toyvideo import FRAMES as TOY_FRAMES
@@ -64,14 +64,6 @@ def diffusers_folder(*needed: str, index: str = "model_index.json",
         if missing:
             raise UserError(f"--model-path {path}: missing {', '.join(m + '/' for m in missing)} "
                             f"(the subfolders {index} names and the loader needs)")
-    return check
-
-
-def subfolders(*needed: str) -> Callable[[Path], None]:
-    def check(path: Path) -> None:
-        missing = [name for name in needed if not (path / name).is_dir()]
-        if missing:
-            raise UserError(f"--model-path {path}: missing {', '.join(m + '/' for m in missing)}")
     return check
 
 
@@ -122,7 +114,8 @@ MODELS = {e.name: e for e in (
                MINIMAX_DEFAULTS, takes_lora=True, check=check_minimax,
                check_folder=diffusers_folder(index="modular_model_index.json", components=False)),
     ModelEntry("longcat-video", "LongCat-Video through its upstream package", _longcat,
-               LONGCAT_DEFAULTS, check=check_longcat, check_folder=subfolders(*SUBFOLDERS)),
+               longcat.LONGCAT_DEFAULTS, check=longcat.check_longcat,
+               check_folder=longcat.check_folder),
 )}
 
 
