@@ -102,8 +102,13 @@ def resolve_settings(model: LoadedModel, req: GenerateRequest) -> ClipSettings:
     d = model.defaults
     s = ClipSettings(steps=req.steps or d.steps, frames=req.frames or d.frames,
                      height=req.height or d.height, width=req.width or d.width)
+    for flag, value in asdict(s).items():
+        if value < 1 and getattr(d, flag) < 1 and getattr(req, flag) is None:
+            raise UserError(f"{model.name} has no default for --{flag}: pass it")
     if min(s.steps, s.frames, s.height, s.width) < 1:
         raise UserError("--steps, --frames, --height and --width must be positive")
+    if model.check is not None:
+        model.check(s)
     return s
 
 

@@ -1,6 +1,6 @@
 """Model names -> loaders. `tiny-wan` (trained weights shipped in the package) and
 `tiny-wan-random` (a seeded random init, for tests) are built in; the others load a local
-diffusers folder.
+diffusers folder (`diffusers`: any text-to-video pipeline, by the folder's model_index.json).
 
 Every real model loads from `--model-path` with `local_files_only=True` (nothing is fetched),
 in bf16 on CUDA. The defaults are the paper's (appendix A); the CLI can override each.
@@ -57,6 +57,11 @@ def _longcat(path, device, dtype):
     return load_longcat(path, device, dtype)
 
 
+def _diffusers(path, device, dtype):
+    from vcbench.pipelines.any_diffusers import load_diffusers
+    return load_diffusers(path, device, dtype)
+
+
 MODELS = {e.name: e for e in (
     ModelEntry("tiny-wan", "WanPipeline, one expert trained on ToyVideo (packaged, 1.9 MB), "
                "320 tokens (CPU demo)", _tiny_wan, needs_path=False),
@@ -67,6 +72,8 @@ MODELS = {e.name: e for e in (
     ModelEntry("minimax-h3", "MiniMax-H3, diffusers modular pipeline (+ 8-step LoRA)", _minimax_h3,
                takes_lora=True),
     ModelEntry("longcat-video", "LongCat-Video through its upstream package", _longcat),
+    ModelEntry("diffusers", "any local diffusers text-to-video pipeline with a transformer: the "
+               "class its model_index.json names", _diffusers),
 )}
 
 
