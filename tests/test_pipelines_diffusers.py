@@ -104,6 +104,8 @@ def test_folder_mistakes_are_one_error_line(tmp_path):
         _index(tmp_path / "no-subfolder", {"_class_name": "CogVideoXPipeline",
                                            "transformer": ["diffusers", "CogVideoXTransformer3DModel"]}).name:
             "lists component 'transformer' (CogVideoXTransformer3DModel) but the folder has no transformer/",
+        _index(tmp_path / "not-a-pipeline", {"_class_name": "AutoencoderKL"}).name:
+            "names 'AutoencoderKL', which is not a diffusers pipeline class",
         _index(tmp_path / "unet", {"_class_name": "TextToVideoSDPipeline"}).name:
             "has no transformer component",
     }

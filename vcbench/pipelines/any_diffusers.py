@@ -117,9 +117,11 @@ def pipeline_class(index: dict[str, Any], path: Path) -> type:
 
     name = index["_class_name"]
     cls = getattr(diffusers, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, diffusers.DiffusionPipeline)):
+    if cls is None:
         raise UserError(f"{path / INDEX} names pipeline class {name!r}, which diffusers "
                         f"{diffusers.__version__} lacks")
+    if not (isinstance(cls, type) and issubclass(cls, diffusers.DiffusionPipeline)):
+        raise UserError(f"{path / INDEX} names {name!r}, which is not a diffusers pipeline class")
     if not any(n.startswith("transformer") for n in components(index)):
         raise UserError(f"{name} has no transformer component: vcbench patches a diffusion "
                         "transformer's attention (a UNet pipeline cannot be run)")
