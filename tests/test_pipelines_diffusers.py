@@ -9,6 +9,7 @@ import torch
 from cli_runs import prompts_file, run_vcbench
 from tiny_video_pipelines import BUILDERS
 
+import vcbench
 from vcbench.pipelines.loaded import ClipSettings
 from vcbench.pipelines.registry import load_model
 
@@ -19,6 +20,10 @@ SMALL = ["--steps", str(STEPS), "--frames", "5", "--height", "32", "--width", "3
 DEFAULTS = {"CogVideoXPipeline": ClipSettings(steps=50, frames=0, height=32, width=32),
             "LTXPipeline": ClipSettings(steps=50, frames=161, height=512, width=704),
             "HunyuanVideoPipeline": ClipSettings(steps=50, frames=129, height=720, width=1280)}
+# The latent grid of a 5-frame 32x32 clip, from each build's VAE factors and patch size:
+# CogVideoX 4x time, 8x space, patch 2 (its input frames-first); LTX-Video 4x, 4x, patch 1
+# (its input packed into tokens); HunyuanVideo 4x, 8x, patch 1.
+GRIDS = {"CogVideoXPipeline": (2, 2, 2), "LTXPipeline": (2, 8, 8), "HunyuanVideoPipeline": (2, 4, 4)}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +66,7 @@ def test_generate_routes_every_self_attention_call_and_repeats(name, folders, tm
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))
-def test_defaults_and_the_seeds_noise(name, folders):
+def test_defaults_noise_grid_and_cross_attention(name, folders):
     path, _ = folders(name)
     model = load_model("diffusers", path, "cpu")
     assert model.defaults == DEFAULTS[name]
@@ -71,11 +76,17 @@ def test_defaults_and_the_seeds_noise(name, folders):
         lambda m, args, kwargs: seen.append(kwargs.get("hidden_states", args[0] if args else None)),
         with_kwargs=True)
     try:
-        model.generate("a fox", 7, ClipSettings(steps=1, frames=5, height=32, width=32))
+        with vcbench.patch(model.pipe, "bf16") as p:
+            model.generate("a fox", 7, ClipSettings(steps=1, frames=5, height=32, width=32))
     finally:
         handle.remove()
     first = seen[0][:1]
     assert torch.equal(first, torch.randn(first.shape, generator=torch.Generator().manual_seed(7)))
+    assert p.state.grid == GRIDS[name]
+    # Only LTX-Video has cross-attention (attn2, no is_cross_attention flag); its 128 text
+    # tokens are exactly as many as the 2 x 8 x 8 video tokens, so shapes alone cannot tell.
+    cross = {f"transformer.transformer_blocks.{i}.attn2": 1 for i in range(2)} if name == "LTXPipeline" else {}
+    assert dict(p.plain) == cross
 
 
 def _error_line(r, alone=True):
