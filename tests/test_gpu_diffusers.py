@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from cli_runs import prompts_file, run_vcbench
-from tiny_video_pipelines import BUILDERS
+from tiny_video_pipelines import BUILDERS, CALLS_PER_STEP, FRAMES
 
 from vcbench.pipelines.loaded import ClipSettings
 from vcbench.pipelines.registry import load_model
@@ -26,7 +26,7 @@ def test_bf16_pipeline_on_cuda(name, tmp_path):
         lambda m, args, kwargs: seen.append(kwargs.get("hidden_states", args[0] if args else None)),
         with_kwargs=True)
     try:
-        model.generate("a fox", 7, ClipSettings(steps=1, frames=5, height=32, width=32))
+        model.generate("a fox", 7, ClipSettings(steps=2, frames=FRAMES[name], height=32, width=32))
     finally:
         handle.remove()
     first = seen[0][:1]
@@ -38,10 +38,10 @@ def test_bf16_pipeline_on_cuda(name, tmp_path):
     out = tmp_path / "run"
     r = run_vcbench("generate", "--model", "diffusers", "--model-path", path, "--methods", "bf16,sage2-8bit",
                     "--prompts", prompts_file(tmp_path, {"p0": "a fox runs"}), "--seeds", "0",
-                    "--steps", STEPS, "--frames", "5", "--height", "32", "--width", "32",
+                    "--steps", STEPS, "--frames", FRAMES[name], "--height", "32", "--width", "32",
                     "--backend", "auto", "--device", "cuda", "--out", out)
     assert r.returncode == 0, r.stderr
     rows = {row["method"]: row for row in json.loads((out / "manifest.json").read_text())["items"]}
     for row in rows.values():
-        assert row["status"] == "ok" and row["attention_calls"] == modules * STEPS
+        assert row["status"] == "ok" and row["attention_calls"] == modules * CALLS_PER_STEP[name] * STEPS
     assert rows["bf16"]["sha256"] != rows["sage2-8bit"]["sha256"]

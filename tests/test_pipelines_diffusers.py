@@ -1,4 +1,4 @@
-"""`--model diffusers --model-path DIR`: three diffusers video pipelines other than Wan, built
+"""`--model diffusers --model-path DIR`: four diffusers video pipelines other than Wan, built
 whole on tiny random configs (tests/tiny_video_pipelines.py), saved, and run through the CLI;
 and the folder mistakes, each one `error:` line."""
 
@@ -7,23 +7,25 @@ import json
 import pytest
 import torch
 from cli_runs import prompts_file, run_vcbench
-from tiny_video_pipelines import BUILDERS
+from tiny_video_pipelines import BUILDERS, CALLS_PER_STEP, FRAMES
 
 import vcbench
 from vcbench.pipelines.loaded import ClipSettings
 from vcbench.pipelines.registry import load_model
 
 STEPS = 2
-SMALL = ["--steps", str(STEPS), "--frames", "5", "--height", "32", "--width", "32", "--device", "cpu"]
+SMALL = ["--steps", str(STEPS), "--height", "32", "--width", "32", "--device", "cpu"]
 # The `__call__` defaults diffusers documents for each pipeline (CogVideoX: height and width
 # from the transformer's sample size, 4 latents x the VAE's 8; no frame default).
 DEFAULTS = {"CogVideoXPipeline": ClipSettings(steps=50, frames=0, height=32, width=32),
             "LTXPipeline": ClipSettings(steps=50, frames=161, height=512, width=704),
-            "HunyuanVideoPipeline": ClipSettings(steps=50, frames=129, height=720, width=1280)}
-# The latent grid of a 5-frame 32x32 clip, from each build's VAE factors and patch size:
+            "HunyuanVideoPipeline": ClipSettings(steps=50, frames=129, height=720, width=1280),
+            "MochiPipeline": ClipSettings(steps=64, frames=19, height=480, width=848)}
+# The latent grid of a FRAMES x 32x32 clip, from each build's VAE factors and patch size:
 # CogVideoX 4x time, 8x space, patch 2 (its input frames-first); LTX-Video 4x, 4x, patch 1
-# (its input packed into tokens); HunyuanVideo 4x, 8x, patch 1.
-GRIDS = {"CogVideoXPipeline": (2, 2, 2), "LTXPipeline": (2, 8, 8), "HunyuanVideoPipeline": (2, 4, 4)}
+# (its input packed into tokens); HunyuanVideo 4x, 8x, patch 1; Mochi 6x, 8x, patch 2.
+GRIDS = {"CogVideoXPipeline": (2, 2, 2), "LTXPipeline": (2, 8, 8), "HunyuanVideoPipeline": (2, 4, 4),
+         "MochiPipeline": (2, 2, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +40,9 @@ def folders(tmp_path_factory):
     return get
 
 
-def _generate(path, out, prompts, methods="bf16,sage2-8bit", extra=()):
-    return run_vcbench("generate", "--model", "diffusers", "--model-path", path, "--methods", methods,
-                       "--prompts", prompts, "--seeds", "0", *SMALL, *extra, "--out", out)
+def _generate(path, out, prompts, frames=5):
+    return run_vcbench("generate", "--model", "diffusers", "--model-path", path, "--methods", "bf16,sage2-8bit",
+                       "--prompts", prompts, "--seeds", "0", *SMALL, "--frames", frames, "--out", out)
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))
@@ -49,18 +51,15 @@ def test_generate_routes_every_self_attention_call_and_repeats(name, folders, tm
     prompts = prompts_file(tmp_path, {"p0": "a fox runs through the snow"})
     rows = []
     for k in range(2):  # a rerun into a fresh folder makes every clip again
-        r = _generate(path, tmp_path / f"run{k}", prompts)
+        r = _generate(path, tmp_path / f"run{k}", prompts, FRAMES[name])
         assert r.returncode == 0, r.stderr
         manifest = json.loads((tmp_path / f"run{k}" / "manifest.json").read_text())
         assert manifest["status"] == "ok" and manifest["config"]["model"] == f"diffusers:{name}"
         rows.append({row["method"]: row for row in manifest["items"]})
-    # One transformer call per step in all three: CogVideoX and LTX-Video batch the CFG pair
-    # into one call, HunyuanVideo embeds its guidance (no CFG at the default true_cfg_scale 1).
-    calls_per_step = 1
     for method in ("bf16", "sage2-8bit"):
         row = rows[0][method]
         assert row["status"] == "ok" and row["model"] == f"diffusers:{name}"
-        assert row["attention_calls"] == modules * calls_per_step * STEPS
+        assert row["attention_calls"] == modules * CALLS_PER_STEP[name] * STEPS
         assert row["sha256"] == rows[1][method]["sha256"]  # bit-identical across reruns
     assert rows[0]["bf16"]["sha256"] != rows[0]["sage2-8bit"]["sha256"]  # the swap took effect
 
@@ -71,13 +70,14 @@ def test_defaults_noise_grid_and_cross_attention(name, folders):
     model = load_model("diffusers", path, "cpu")
     assert model.defaults == DEFAULTS[name]
     # The first transformer input is the seed's CPU noise, in the pipeline's own latent layout.
+    # (2 steps: Mochi's sigma schedule divides by half the step count.)
     seen = []
     handle = model.pipe.transformer.register_forward_pre_hook(
         lambda m, args, kwargs: seen.append(kwargs.get("hidden_states", args[0] if args else None)),
         with_kwargs=True)
     try:
         with vcbench.patch(model.pipe, "bf16") as p:
-            model.generate("a fox", 7, ClipSettings(steps=1, frames=5, height=32, width=32))
+            model.generate("a fox", 7, ClipSettings(steps=2, frames=FRAMES[name], height=32, width=32))
     finally:
         handle.remove()
     first = seen[0][:1]
@@ -85,7 +85,7 @@ def test_defaults_noise_grid_and_cross_attention(name, folders):
     assert p.state.grid == GRIDS[name]
     # Only LTX-Video has cross-attention (attn2, no is_cross_attention flag); its 128 text
     # tokens are exactly as many as the 2 x 8 x 8 video tokens, so shapes alone cannot tell.
-    cross = {f"transformer.transformer_blocks.{i}.attn2": 1 for i in range(2)} if name == "LTXPipeline" else {}
+    cross = {f"transformer.transformer_blocks.{i}.attn2": 2 for i in range(2)} if name == "LTXPipeline" else {}
     assert dict(p.plain) == cross
 
 

@@ -106,5 +106,38 @@ def save_hunyuanvideo(path: Path) -> tuple[Path, int]:
     return path, double + single + refiner
 
 
+def save_mochi(path: Path) -> tuple[Path, int]:
+    """Mochi: joint [video, valid text] self-attention (`attn1`, a `MochiAttention`, which has a
+    processor but no `set_processor`), computed one batch entry at a time: one SDPA call per
+    sample, so two per block per step under CFG."""
+    from diffusers import (
+        AutoencoderKLMochi,
+        FlowMatchEulerDiscreteScheduler,
+        MochiPipeline,
+        MochiTransformer3DModel,
+    )
+
+    torch.manual_seed(0)
+    tokenizer = letter_tokenizer()
+    layers = 2
+    transformer = MochiTransformer3DModel(
+        patch_size=2, num_attention_heads=2, attention_head_dim=64, num_layers=layers, pooled_projection_dim=16,
+        in_channels=12, qk_norm="rms_norm", text_embed_dim=32, time_embed_dim=4, activation_fn="swiglu",
+        max_sequence_length=256)
+    vae = AutoencoderKLMochi(latent_channels=12, out_channels=3, encoder_block_out_channels=(32,) * 4,
+                             decoder_block_out_channels=(32,) * 4, layers_per_block=(1,) * 5)
+    MochiPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=_t5(tokenizer, 32),
+                  tokenizer=tokenizer, transformer=transformer).save_pretrained(path)
+    return path, layers
+
+
 BUILDERS = {"CogVideoXPipeline": save_cogvideox, "LTXPipeline": save_ltx,
-            "HunyuanVideoPipeline": save_hunyuanvideo}
+            "HunyuanVideoPipeline": save_hunyuanvideo, "MochiPipeline": save_mochi}
+
+# 1 + a multiple of each VAE's temporal factor: 4, and Mochi's 6.
+FRAMES = {"CogVideoXPipeline": 5, "LTXPipeline": 5, "HunyuanVideoPipeline": 5, "MochiPipeline": 7}
+# SDPA calls per self-attention module per step. One transformer call per step in all four:
+# CogVideoX, LTX-Video and Mochi batch the CFG pair into one call, HunyuanVideo embeds its
+# guidance (no CFG at the default true_cfg_scale 1); Mochi's processor then attends one batch
+# entry at a time (its valid text tokens differ per entry), so two calls.
+CALLS_PER_STEP = {"CogVideoXPipeline": 1, "LTXPipeline": 1, "HunyuanVideoPipeline": 1, "MochiPipeline": 2}

@@ -481,8 +481,9 @@ def _is_python_tensor_method(func) -> bool:
 
 
 def _is_attention(module: torch.nn.Module) -> bool:
-    # diffusers' attention modules (Attention, WanAttention, ...) all carry a processor.
-    return hasattr(module, "processor") and hasattr(module, "set_processor")
+    # diffusers' attention modules (Attention, WanAttention, ...) all carry a processor that
+    # their forward calls; not all have `set_processor` (MochiAttention has none).
+    return callable(getattr(module, "processor", None))
 
 
 def latent_grid(model: torch.nn.Module, args, kwargs) -> tuple[int, int, int] | None:
