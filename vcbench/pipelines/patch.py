@@ -49,6 +49,7 @@ processor objects, so the pipeline is exactly as it was.
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 import weakref
 from collections import Counter
@@ -239,8 +240,8 @@ class AttentionPatch:
                     self._pin_sdpa(module, core)
                 else:
                     self._pin_native(module)
-                self._handles.append(module.register_forward_pre_hook(self._enter(route),
-                                                                      with_kwargs=True))
+                self._handles.append(module.register_forward_pre_hook(
+                    self._enter(route, _context_position(module)), with_kwargs=True))
                 self._handles.append(module.register_forward_hook(self._leave))
         self._applied = True
         return self
@@ -316,9 +317,15 @@ class AttentionPatch:
         s.step, s.num_steps, s.started = step, max(num_steps, step + 1), True
         s.grid = grid
 
-    def _enter(self, route: _Route):
+    def _enter(self, route: _Route, context_position: int | None):
         def hook(module, args, kwargs):
-            mode = _Intercept(self, route, route.cross or _cross_call(module, args, kwargs))
+            cross = route.cross
+            if not cross and context_position is not None:  # this call says (`_context_position`)
+                context = kwargs.get("encoder_hidden_states")
+                if context is None and 0 <= context_position < len(args):
+                    context = args[context_position]
+                cross = context is not None
+            mode = _Intercept(self, route, cross)
             mode.__enter__()
             self._modes.append(mode)
         return hook
@@ -464,14 +471,22 @@ def _sdpa_core(module: torch.nn.Module) -> str | None:
     return SDPA_CORES.get((cls.__module__, cls.__qualname__))
 
 
-def _cross_call(module: torch.nn.Module, args, kwargs) -> bool:
-    """Whether this call of a module that has no `is_cross_attention` flag is cross-attention:
-    it is given a context (`encoder_hidden_states`) and has no projections of its own for
-    context tokens (`add_k_proj`: joint attention, which attends over video and text at once)."""
-    if hasattr(module, "is_cross_attention"):
-        return False  # the flag, already in the route, says
-    context = kwargs.get("encoder_hidden_states", args[1] if len(args) > 1 else None)
-    return context is not None and getattr(module, "add_k_proj", None) is None
+def _context_position(module: torch.nn.Module) -> int | None:
+    """Where a module's forward takes `encoder_hidden_states` (-1: by keyword only), for a
+    module whose calls are cross-attention exactly when they are given one: it has no
+    `is_cross_attention` flag (which the route reads instead) and no projections of its own
+    for context tokens (`add_k_proj`: joint attention over video and text at once). None: no
+    call of it is told apart this way. Read once at `apply`, not per call under a trace."""
+    if hasattr(module, "is_cross_attention") or getattr(module, "add_k_proj", None) is not None:
+        return None
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    for i, p in enumerate(params):
+        if p.name == "encoder_hidden_states":
+            return i if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) else -1
+    return None
 
 
 def _is_python_tensor_method(func) -> bool:
@@ -481,9 +496,9 @@ def _is_python_tensor_method(func) -> bool:
 
 
 def _is_attention(module: torch.nn.Module) -> bool:
-    # diffusers' attention modules (Attention, WanAttention, ...) all carry a processor that
-    # their forward calls; not all have `set_processor` (MochiAttention has none).
-    return callable(getattr(module, "processor", None))
+    # diffusers' attention modules (Attention, WanAttention, ...) all carry a processor, and
+    # have `set_processor` or, without it (MochiAttention), a callable processor.
+    return hasattr(module, "processor") and (hasattr(module, "set_processor") or callable(module.processor))
 
 
 def latent_grid(model: torch.nn.Module, args, kwargs) -> tuple[int, int, int] | None:
