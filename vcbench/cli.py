@@ -347,7 +347,7 @@ def score(
 
 @app.command()
 def generate(
-    model: str = typer.Option("tiny-wan", "--model", help="tiny-wan (trained ToyWan, CPU), tiny-wan-random, wan22-t2v-a14b, hunyuanvideo15, minimax-h3, longcat-video."),
+    model: str = typer.Option("tiny-wan", "--model", help="tiny-wan (trained ToyWan, CPU), tiny-wan-random, wan22-t2v-a14b, hunyuanvideo15, minimax-h3, longcat-video, or diffusers: any local diffusers text-to-video pipeline (--model-path DIR with the model_index.json of e.g. CogVideoX, LTX-Video, HunyuanVideo, Mochi)."),
     model_path: Path = typer.Option(None, "--model-path", help="Local diffusers folder of the model (nothing is downloaded)."),
     methods: str = typer.Option("bf16,vc-8bit", "--methods", help="Comma-separated attention methods (see `vcbench methods`)."),
     prompts: Path = typer.Option(None, "--prompts", help="Text (one prompt a line) or JSONL with id, prompt; default: the demo prompts."),

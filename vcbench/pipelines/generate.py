@@ -107,11 +107,15 @@ def check_options(methods: list[str], options: dict[str, dict[str, Any]]) -> dic
     return out
 
 
-def resolve_settings(defaults: ClipSettings, req: GenerateRequest) -> ClipSettings:
+def resolve_settings(defaults: ClipSettings, req: GenerateRequest, model: str) -> ClipSettings:
     """The request's clip settings, each left out taken from the model's defaults (0 is a
-    value, and refused, not a default)."""
-    return ClipSettings(**{k: getattr(defaults, k) if getattr(req, k) is None else getattr(req, k)
-                           for k in ("steps", "frames", "height", "width")})
+    value, and refused, not a default; a default of 0 is a setting the model has none for)."""
+    s = ClipSettings(**{k: getattr(defaults, k) if getattr(req, k) is None else getattr(req, k)
+                        for k in ("steps", "frames", "height", "width")})
+    for key in ("steps", "frames", "height", "width"):
+        if getattr(req, key) is None and getattr(defaults, key) < 1:
+            raise UserError(f"{model} has no default for --{key}: pass it")
+    return s
 
 
 def plan_items(req: GenerateRequest) -> list[Item]:
@@ -140,7 +144,10 @@ def check_request(req: GenerateRequest) -> tuple[list[Item], dict[str, dict[str,
     items = plan_items(req)
     entry = registry.check_request(req.model, req.model_path, distributed.device(req.device),
                                    req.lora_path)
-    settings = resolve_settings(entry.defaults, req)
+    if entry.defaults is None:  # the folder's pipeline says, once it loads (--model diffusers)
+        registry.check_settings(entry, None, given=req)
+        return items, method_options, None
+    settings = resolve_settings(entry.defaults, req, entry.name)
     registry.check_settings(entry, settings)
     return items, method_options, settings
 
@@ -218,10 +225,14 @@ class GenerateRun:
 
 
 def _generate(req: GenerateRequest, items: list[Item], method_options: dict[str, dict[str, Any]],
-              settings: ClipSettings, rank: int, world: int, show_progress: bool) -> Path:
+              settings: ClipSettings | None, rank: int, world: int, show_progress: bool) -> Path:
     """Load the model, resolve the run once into a `GenerateRun`, and make this process's clips."""
     model = registry.load_model(req.model, req.model_path, distributed.device(req.device),
                                 req.lora_path)
+    if settings is None:  # a model whose defaults and checks come with what it loaded
+        settings = resolve_settings(model.defaults, req, model.name)
+    if model.check is not None:
+        model.check(settings)
     config = _config(req, model, settings, method_options, world)
     run = GenerateRun(req, model, settings, method_options,
                       RunFolder(path=Path(req.out), command="generate", config=config), items,

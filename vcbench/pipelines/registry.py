@@ -1,7 +1,8 @@
 """Model names -> loaders: `MODELS`, a registry like the methods' (vcbench/registry.py), so a
 plugin adds a model as the built-ins are added here. `tiny-wan` (trained weights shipped in the
 package) and `tiny-wan-random` (a seeded random init, for tests) are built in; the others load a
-local diffusers folder.
+local diffusers folder (`diffusers`: any text-to-video pipeline, by the folder's
+model_index.json).
 
 Every real model loads from `--model-path` with `local_files_only=True` (nothing is fetched),
 in bf16 on CUDA. The defaults are the paper's (appendix A); the CLI can override each.
@@ -41,7 +42,8 @@ class ModelEntry:
     name: str
     summary: str
     load: Callable[[Path | None, torch.device, torch.dtype], LoadedModel]
-    defaults: ClipSettings  # the clip a request gets for each setting it leaves out
+    # the clip a request gets for each setting it leaves out; None: the loaded pipeline's own
+    defaults: ClipSettings | None
     needs_path: bool = True  # False: built in, and a --model-path would be ignored: refused
     takes_lora: bool = False  # load(path, device, dtype, lora_path)
     check: Callable[[ClipSettings], None] | None = None  # clip settings it refuses: UserError
@@ -102,6 +104,11 @@ def _longcat(path, device, dtype):
     return load_longcat(path, device, dtype)
 
 
+def _diffusers(path, device, dtype):
+    from vcbench.pipelines.any_diffusers import load_diffusers
+    return load_diffusers(path, device, dtype)
+
+
 MODELS: Registry[ModelEntry] = Registry("model", "vcbench.models")
 MODELS.register_builtins((
     ModelEntry("tiny-wan", "WanPipeline, one expert trained on ToyVideo (packaged, 1.9 MB), "
@@ -122,6 +129,9 @@ MODELS.register_builtins((
     ModelEntry("longcat-video", "LongCat-Video through its upstream package", _longcat,
                longcat.LONGCAT_DEFAULTS, check=longcat.check_longcat,
                check_folder=longcat.check_folder),
+    ModelEntry("diffusers", "any local diffusers text-to-video pipeline with a transformer: the "
+               "class its model_index.json names", _diffusers, None,
+               check_folder=check_diffusers_folder),
 ))
 
 
@@ -178,14 +188,22 @@ def get_model(name: str) -> ModelEntry:
     return MODELS.get(name)  # unknown: one line naming the known models
 
 
-def check_settings(entry: ModelEntry, settings: ClipSettings) -> None:
-    """Steps, frames and sizes of at least 1, and what the model itself accepts."""
+def check_settings(entry: ModelEntry, settings: ClipSettings | None, given=None) -> None:
+    """Steps, frames and sizes of at least 1, and what the model itself accepts. With
+    `settings` None (a model whose defaults come with its folder), the values `given` sets."""
     for key in ("steps", "frames", "height", "width"):
-        value = getattr(settings, key)
-        if value < 1:
+        value = getattr(settings if settings is not None else given, key)
+        if value is not None and value < 1:
             raise UserError(f"--{key} must be at least 1, got {value}")
-    if entry.check is not None:
+    if entry.check is not None and settings is not None:
         entry.check(settings)
+
+
+def check_diffusers_folder(path: Path) -> None:
+    """`--model diffusers`: the folder's layout, and the class its index names, before loading."""
+    from vcbench.pipelines.any_diffusers import check_layout, pipeline_class
+
+    pipeline_class(check_layout(path), path)
 
 
 def load_model(name: str, path: str | Path | None = None, device: str | None = None,
