@@ -104,6 +104,13 @@ def _longcat(path, device, dtype):
     return load_longcat(path, device, dtype)
 
 
+def check_diffusers_folder(path: Path) -> None:
+    """`--model diffusers`: the folder's layout, and the class its index names, before loading."""
+    from vcbench.pipelines.any_diffusers import check_layout, pipeline_class
+
+    pipeline_class(check_layout(path), path)
+
+
 def _diffusers(path, device, dtype):
     from vcbench.pipelines.any_diffusers import load_diffusers
     return load_diffusers(path, device, dtype)
@@ -198,12 +205,6 @@ def check_settings(entry: ModelEntry, settings: ClipSettings | None, given=None)
     if entry.check is not None and settings is not None:
         entry.check(settings)
 
-
-def check_diffusers_folder(path: Path) -> None:
-    """`--model diffusers`: the folder's layout, and the class its index names, before loading."""
-    from vcbench.pipelines.any_diffusers import check_layout, pipeline_class
-
-    pipeline_class(check_layout(path), path)
 
 
 def load_model(name: str, path: str | Path | None = None, device: str | None = None,
