@@ -103,8 +103,8 @@ MODEL_hunyuan15  := hunyuanvideo15
 MODEL_minimax-h3 := minimax-h3
 MODEL_longcat    := longcat-video
 # Table 2's low-bit methods per GPU class; the +Hadamard rows run in a second run with
-# hadamard_qk on. bf16 runs alone: `vcbench score REF RUN` would pair a method with REF's clips
-# of the same method if REF held them.
+# hadamard_qk on. bf16 runs alone, and `vcbench score REF RUN` scores every method of RUN
+# against its clips.
 METHODS_datacenter  := fp8-fa4,sage2-8bit,attnqat-tf,vc-8bit-vsmooth,vc-8bit
 METHODS_workstation := sage3-4bit,attnqat-tf,vc-4bit
 HADAMARD_datacenter  := fp8-fa4

@@ -93,7 +93,8 @@ def test_cli_reports_one_error_line_naming_the_key(tmp_path, capsys, text, messa
     assert err.count("\n") == 1 and err.startswith(f"error: {path}: ") and message in err
 
 
-@pytest.mark.parametrize("name", [n for n in MODELS if not n.startswith("tiny-wan")])
+# `diffusers` is any folder's pipeline: its defaults are that class's, not the paper's.
+@pytest.mark.parametrize("name", [n for n in MODELS if not n.startswith("tiny-wan") and n != "diffusers"])
 def test_real_model_files_carry_the_loaders_paper_settings(name):
     # The paper's settings live in each loader's defaults; the shipped file must agree.
     exp = load_experiment(ROOT / "experiments" / f"{name}.yaml")

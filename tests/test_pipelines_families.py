@@ -3,6 +3,7 @@ and loaded back through the `--model-path` code path."""
 
 import pytest
 import torch
+from tiny_tokenizers import letter_tokenizer
 
 import vcbench
 from vcbench.errors import UserError
@@ -11,22 +12,11 @@ from vcbench.pipelines.registry import load_model
 from vcbench.pipelines.tiny import TEXT_DIM, build_tiny_wan_components, hunyuan15_transformer_config
 
 
-def _tiny_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{chr(97 + i): 3 + i for i in range(26)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
-                                   unk_token="<unk>")
-
-
 def test_wan22_loader_reads_a_local_two_expert_folder(tmp_path):
     from diffusers import WanPipeline
     from transformers import UMT5Config, UMT5EncoderModel
 
-    tokenizer = _tiny_tokenizer()
+    tokenizer = letter_tokenizer()
     torch.manual_seed(0)
     encoder = UMT5EncoderModel(UMT5Config(vocab_size=tokenizer.vocab_size, d_model=TEXT_DIM, d_kv=16,
                                           d_ff=64, num_layers=1, num_heads=2))

@@ -123,7 +123,7 @@ def test_lora_path_is_refused_for_other_models(tmp_path, capsys):
         main(["generate", "--model", "tiny-wan", "--lora-path", str(tmp_path / "l.safetensors"),
               "--out", str(tmp_path / "run")])
     assert exit_.value.code == 2
-    assert capsys.readouterr().err == "error: --lora-path applies to minimax-h3 only, not tiny-wan\n"
+    assert capsys.readouterr().err == "error: model tiny-wan takes no --lora-path (only minimax-h3 does)\n"
 
 
 # -- the complete pipeline ---------------------------------------------------------------------

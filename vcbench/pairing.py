@@ -6,9 +6,9 @@ Each argument is one clip (a video file, a frame directory, a .npy) or a run fol
 `video` (an FFV1 .mkv), relative to the run folder. Only items with status "ok" are clips.
 
 - one run folder: every non-bf16 clip against the same run's bf16 clip of that prompt and seed;
-- two run folders: pairs by prompt id and seed, and by method too when REF holds the
-  candidate's method (a BF16 rerun checked against the first run); otherwise against REF's
-  bf16 clips (or REF's only method);
+- two run folders: pairs by prompt id and seed; every method of CAND against REF's bf16
+  clips (`pair_by="reference"`, fidelity against the reference run), or against REF's clips
+  of the same method (`pair_by="method"`: a rerun checked against the first run);
 - two clips: one pair.
 In run folders, a clip with no partner, or an item that did not generate, becomes an error row
 and the rest still scores.
@@ -23,6 +23,8 @@ from pathlib import Path
 from vcbench.errors import UserError
 from vcbench.kernels import REFERENCE_METHOD
 from vcbench.runs import MANIFEST, read_manifest
+
+PAIR_BY = ("reference", "method")  # across two run folders: see the module docstring
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,9 @@ def is_run_folder(path: Path) -> bool:
     return path.is_dir() and (path / MANIFEST).is_file()
 
 
-def make_pairs(ref: Path, cand: Path | None) -> list[Pair]:
+def make_pairs(ref: Path, cand: Path | None, pair_by: str = "reference") -> list[Pair]:
+    if pair_by not in PAIR_BY:
+        raise UserError(f"--pair-by {pair_by!r}: expected {' or '.join(PAIR_BY)}")
     if cand is None:
         if not is_run_folder(ref):
             raise UserError(f"with one argument, {ref} must be a run folder (a directory with {MANIFEST})")
@@ -62,7 +66,7 @@ def make_pairs(ref: Path, cand: Path | None) -> list[Pair]:
         raise UserError(f"cannot compare run folder {run} with single clip {clip}; give two clips or two run folders")
     if not ref_is_run:
         return [Pair(None, None, None, ref, cand)]
-    return _pairs_across_runs(read_run_clips(ref), read_run_clips(cand))
+    return _pairs_across_runs(read_run_clips(ref), read_run_clips(cand), pair_by)
 
 
 def read_run_clips(run_dir: Path) -> list[RunClip]:
@@ -96,20 +100,19 @@ def _pairs_within_run(clips: list[RunClip]) -> list[Pair]:
     return _match(refs, cands)
 
 
-def _pairs_across_runs(ref_clips: list[RunClip], cand_clips: list[RunClip]) -> list[Pair]:
-    ref_methods = {c.method for c in ref_clips}
+def _pairs_across_runs(ref_clips: list[RunClip], cand_clips: list[RunClip],
+                       pair_by: str) -> list[Pair]:
+    if pair_by == "reference":
+        refs = [c for c in ref_clips if c.method == REFERENCE_METHOD]
+        if not refs:
+            raise UserError(f"REF holds no {REFERENCE_METHOD} clips to score against (--pair-by "
+                            "method pairs each method with REF's clips of that method)")
+        return _match(refs, cand_clips)
     pairs = []
     for method in sorted({c.method for c in cand_clips}):
-        cands = [c for c in cand_clips if c.method == method]
-        if method in ref_methods:
-            refs = [c for c in ref_clips if c.method == method]
-        elif REFERENCE_METHOD in ref_methods:
-            refs = [c for c in ref_clips if c.method == REFERENCE_METHOD]
-        elif len(ref_methods) == 1:
-            refs = ref_clips
-        else:
-            raise UserError(f"REF holds neither {method!r} nor {REFERENCE_METHOD!r} clips to pair with")
-        pairs += _match(refs, cands)
+        # a method REF lacks: every clip of it becomes an error row ("no reference clip")
+        pairs += _match([c for c in ref_clips if c.method == method],
+                        [c for c in cand_clips if c.method == method])
     return pairs
 
 

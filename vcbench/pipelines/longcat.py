@@ -62,12 +62,25 @@ def call_longcat(model: LoadedModel, prompt: str, generator: torch.Generator, s:
     return videos
 
 
-def _upstream():
-    """The upstream classes, or one error line naming what is missing."""
+def check_folder(path: Path) -> None:
+    """What loading needs, found before it starts: the upstream package (first: without it no
+    folder helps), then the checkpoint's subfolders."""
+    _require_upstream()
+    missing = [name for name in SUBFOLDERS if not (path / name).is_dir()]
+    if missing:
+        raise UserError(f"{path}: not a LongCat-Video checkpoint folder (missing {', '.join(m + '/' for m in missing)})")
+
+
+def _require_upstream() -> None:
     if importlib.util.find_spec(UPSTREAM) is None:
         raise UserError("longcat-video needs the upstream LongCat-Video package (module "
                         f"'{UPSTREAM}'), which is not importable here; install it from its "
                         "repository, then pass its checkpoint folder as --model-path")
+
+
+def _upstream():
+    """The upstream classes, or one error line naming what is missing."""
+    _require_upstream()
     names = {"LongCatVideoPipeline": "pipeline_longcat_video",
              "LongCatVideoTransformer3DModel": "modules.longcat_video_dit",
              "AutoencoderKLWan": "modules.autoencoder_kl_wan",
@@ -83,10 +96,8 @@ def _upstream():
 
 
 def load_longcat(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    check_folder(path)
     up = _upstream()
-    missing = [name for name in SUBFOLDERS if not (path / name).is_dir()]
-    if missing:
-        raise UserError(f"{path}: not a LongCat-Video checkpoint folder (missing {', '.join(m + '/' for m in missing)})")
     from transformers import AutoTokenizer, UMT5EncoderModel
 
     local = {"local_files_only": True}

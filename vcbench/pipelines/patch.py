@@ -17,8 +17,11 @@ How the swap works, and why this way:
   so for the duration of the patch the module gets an instance attribute of that name computing
   the same attention with SDPA, which the same hooks then route. LongCat-Video's
   `Attention._process_attn` is the one registered; its denoiser is the pipeline's `dit`.
-* Self-attention goes through the method; cross-attention (different query/key lengths, or a
-  module flagged `is_cross_attention`) stays on plain SDPA unless `route_cross=True`.
+* Self-attention goes through the method; cross-attention (different query/key lengths, a
+  module flagged `is_cross_attention`, or, for a module without that flag such as LTX-Video's,
+  a call given `encoder_hidden_states` that the module does not project itself) stays on plain
+  SDPA unless `route_cross=True`. Shapes alone cannot tell: a text as long as the video would
+  pass for self-attention.
 * A boolean mask (HunyuanVideo-1.5 masks padded text tokens) is honoured by running the
   method on the valid tokens only; the padded rows, which the model discards, keep SDPA.
 * The step index comes from the scheduler: every diffusers scheduler counts its own steps
@@ -49,6 +52,7 @@ processor objects, so the pipeline is exactly as it was.
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 import weakref
 from collections import Counter
@@ -158,14 +162,14 @@ class _Route:
 class _Intercept(TorchFunctionMode):
     """Active only while a hooked attention module runs: its SDPA call goes to the patch."""
 
-    def __init__(self, patch: AttentionPatch, route: _Route) -> None:
+    def __init__(self, patch: AttentionPatch, route: _Route, cross: bool) -> None:
         super().__init__()
-        self.patch, self.route = patch, route
+        self.patch, self.route, self.cross = patch, route, cross
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is _SDPA:
-            return self.patch._sdpa(self.route, *args, **kwargs)
+            return self.patch._sdpa(self.route, self.cross, *args, **kwargs)
         if args and isinstance(args[0], torch.Tensor) and _is_python_tensor_method(func):
             # A Tensor method written in Python (torch/_tensor.py's unflatten, split, ...) called
             # as a function is inlined by Dynamo, and torch 2.11's cannot trace the
@@ -241,7 +245,8 @@ class AttentionPatch:
                     self._pin_sdpa(module, core)
                 else:
                     self._pin_native(module)
-                self._handles.append(module.register_forward_pre_hook(self._enter(route)))
+                self._handles.append(module.register_forward_pre_hook(
+                    self._enter(route, _context_position(module)), with_kwargs=True))
                 self._handles.append(module.register_forward_hook(self._leave))
         self._applied = True
         return self
@@ -317,9 +322,15 @@ class AttentionPatch:
         s.step, s.num_steps, s.started = step, max(num_steps, step + 1), True
         s.grid = grid
 
-    def _enter(self, route: _Route):
-        def hook(module, args):
-            mode = _Intercept(self, route)
+    def _enter(self, route: _Route, context_position: int | None):
+        def hook(module, args, kwargs):
+            cross = route.cross
+            if not cross and context_position is not None:  # this call says (`_context_position`)
+                context = kwargs.get("encoder_hidden_states")
+                if context is None and 0 <= context_position < len(args):
+                    context = args[context_position]
+                cross = context is not None
+            mode = _Intercept(self, route, cross)
             mode.__enter__()
             self._modes.append(mode)
         return hook
@@ -334,12 +345,12 @@ class AttentionPatch:
 
     # -- the attention call -------------------------------------------------------------------
 
-    def _sdpa(self, route: _Route, query, key, value, attn_mask=None, dropout_p=0.0,
+    def _sdpa(self, route: _Route, cross: bool, query, key, value, attn_mask=None, dropout_p=0.0,
               is_causal=False, scale=None, enable_gqa=False):
         same_shape = query.shape == key.shape == value.shape
-        plain = (route.cross and not self.route_cross) or not same_shape or is_causal or dropout_p
+        plain = (cross and not self.route_cross) or not same_shape or is_causal or dropout_p
         if plain:
-            if route.cross and self.route_cross and not same_shape:
+            if cross and self.route_cross and not same_shape:
                 raise UserError(f"route_cross: {route.name} attends {query.shape[-2]} queries to "
                                 f"{key.shape[-2]} keys; the methods take self-attention only")
         if self._begun is None:  # the first attention call of this transformer call
@@ -478,6 +489,24 @@ def _sdpa_core(module: torch.nn.Module) -> str | None:
     return SDPA_CORES.get((cls.__module__, cls.__qualname__))
 
 
+def _context_position(module: torch.nn.Module) -> int | None:
+    """Where a module's forward takes `encoder_hidden_states` (-1: by keyword only), for a
+    module whose calls are cross-attention exactly when they are given one: it has no
+    `is_cross_attention` flag (which the route reads instead) and no projections of its own
+    for context tokens (`add_k_proj`: joint attention over video and text at once). None: no
+    call of it is told apart this way. Read once at `apply`, not per call under a trace."""
+    if hasattr(module, "is_cross_attention") or getattr(module, "add_k_proj", None) is not None:
+        return None
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    for i, p in enumerate(params):
+        if p.name == "encoder_hidden_states":
+            return i if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) else -1
+    return None
+
+
 def _is_python_tensor_method(func) -> bool:
     # `Tensor.<name> is func`: the bound method by that name is this very function
     return (getattr(func, "__module__", None) == "torch._tensor"
@@ -485,18 +514,29 @@ def _is_python_tensor_method(func) -> bool:
 
 
 def _is_attention(module: torch.nn.Module) -> bool:
-    # diffusers' attention modules (Attention, WanAttention, ...) all carry a processor.
-    return hasattr(module, "processor") and hasattr(module, "set_processor")
+    # diffusers' attention modules (Attention, WanAttention, ...) all carry a processor, and
+    # have `set_processor` or, without it (MochiAttention), a callable processor.
+    return hasattr(module, "processor") and (hasattr(module, "set_processor") or callable(module.processor))
 
 
 def latent_grid(model: torch.nn.Module, args, kwargs) -> tuple[int, int, int] | None:
-    """(T, H, W) in tokens: the 5-D latent input divided by the patch size."""
+    """(T, H, W) in tokens: the 5-D latent input divided by the patch size. The input is
+    (B, C, T, H, W), or (B, T, C, H, W) for a transformer that takes frames first (CogVideoX),
+    told apart by where the config's `in_channels` sits; or tokens already packed (B, N, C)
+    with the latent sizes as `num_frames`, `height`, `width` arguments (LTX-Video)."""
     x = kwargs.get("hidden_states", args[0] if args else None)
-    if not isinstance(x, torch.Tensor) or x.dim() != 5:
+    sizes = [kwargs.get(k) for k in ("num_frames", "height", "width")]
+    if isinstance(x, torch.Tensor) and x.dim() == 3 and all(isinstance(n, int) for n in sizes):
+        frames, height, width = sizes
+    elif isinstance(x, torch.Tensor) and x.dim() == 5:
+        channels = getattr(model, "config", {}).get("in_channels")
+        frames = x.shape[1] if channels is not None and x.shape[1] != channels == x.shape[2] else x.shape[2]
+        height, width = x.shape[3], x.shape[4]
+    else:
         return None
     config = getattr(model, "config", {})
     patch_size = config.get("patch_size", 1)
     if isinstance(patch_size, int):
         patch_size = (config.get("patch_size_t", 1) or 1, patch_size, patch_size)
     pt, ph, pw = patch_size
-    return (x.shape[2] // pt, x.shape[3] // ph, x.shape[4] // pw)
+    return (frames // pt, height // ph, width // pw)

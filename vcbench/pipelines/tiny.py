@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import torch
 
+from vcbench.pipelines.loaded import ClipSettings
+
 WEIGHT_SEED = 1234
 TEXT_DIM = 64
 HEAD_DIM = 128
+# 12 steps: a 3-step grouping window (regroup at 0, reuse at 1-2, plain after).
+TINY_WAN_RANDOM_DEFAULTS = ClipSettings(steps=12, frames=9, height=256, width=256)
 
 
 def wan_transformer_config(layers: int = 2, heads: int = 2) -> dict:
@@ -77,14 +81,12 @@ def hunyuan15_transformer_config() -> dict:
 
 
 def load_tiny_wan(device: torch.device, dtype: torch.dtype):
-    from vcbench.pipelines.loaded import ClipSettings, LoadedModel
+    from vcbench.pipelines.loaded import LoadedModel
     from vcbench.pipelines.text_conditioning import ByteConditioning
     from vcbench.pipelines.wan import call_wan
 
     pipe = build_tiny_wan().to(device)
     if dtype != torch.float32:  # built in float32; diffusers warns on a no-op cast
         pipe.to(dtype=dtype)
-    # 12 steps: a 3-step grouping window (regroup at 0, reuse at 1-2, plain after).
-    defaults = ClipSettings(steps=12, frames=9, height=256, width=256)
-    return LoadedModel("tiny-wan-random", pipe, defaults, call_wan, device, dtype, random_weights=True,
+    return LoadedModel("tiny-wan-random", pipe, TINY_WAN_RANDOM_DEFAULTS, call_wan, device, dtype, random_weights=True,
                        extra={"conditioning": ByteConditioning(TEXT_DIM)})

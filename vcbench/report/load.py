@@ -4,7 +4,8 @@ Each RUN argument is a run folder (manifest.json). What the report takes from it
 the manifest's `command`:
 
     generate               clip rows (`items`: wall_s, frames_dir), and `score.json` beside
-                           them if `vcbench score ... --json RUN/score.json` wrote one
+                           them, which `vcbench score RUN` (or `score REF RUN`) writes; a
+                           run without one gets a warning line and no fidelity rows
     timeit                 result.json rows (attention_ms, speedup_vs_bf16) and the GPU
     project-clip           projection.csv (clip time per method, projected from parts timed
                            with random weights) and parts.csv
@@ -25,6 +26,7 @@ versions or commits are not refused; the provenance table shows them.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,9 +35,8 @@ import pandas as pd
 
 from vcbench.errors import UserError
 from vcbench.kernels import REFERENCE_METHOD
-from vcbench.runs import read_manifest
+from vcbench.runs import SCORE_FILE, read_manifest
 
-SCORE_FILE = "score.json"
 ANALYSES = {"analyze expcast": "expcast", "analyze kernel-error": "kernel_error",
             "analyze token-order": "token_order", "analyze fusion": "fusion"}
 PROJECTION = "project-clip"
@@ -148,6 +149,9 @@ def _generate_run(path: Path, manifest: dict[str, Any]) -> GenerateRun:
         except json.JSONDecodeError as e:
             raise UserError(f"{score_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
         _check_score(run, score_path)
+    elif run.clips():
+        print(f"warning: {path} has no {SCORE_FILE}: the report leaves its clips unscored; "
+              f"score them first with: vcbench score {path}", file=sys.stderr)
     return run
 
 
@@ -166,9 +170,9 @@ def _check_score(run: GenerateRun, score_path: Path) -> None:
 
 
 def _check_reference(run: GenerateRun, score_path: Path, rows: list[dict]) -> None:
-    """Every row must be scored against a bf16 clip. `vcbench score REF RUN` pairs a method
-    with REF's clips of the same method when REF holds them, which is a rerun check, not
-    fidelity against bf16: such a score would land in the wrong table."""
+    """Every row must be scored against a bf16 clip. `vcbench score REF RUN --pair-by method`
+    pairs a method with REF's clips of the same method, which is a rerun check, not fidelity
+    against bf16: such a score (written with --json) would land in the wrong table."""
     ref_dir = run.score.get("ref") if run.score.get("cand") else None
     if not ref_dir or not (Path(ref_dir) / "manifest.json").is_file():
         return  # scored within the run (always against bf16), or REF moved: nothing to check
@@ -179,7 +183,7 @@ def _check_reference(run: GenerateRun, score_path: Path, rows: list[dict]) -> No
         method = method_of.get(str(row.get("ref")))
         if method is not None and method != REFERENCE_METHOD:
             raise UserError(f"{score_path}: {row.get('method')} is scored against {ref_dir}'s "
-                            f"{method} clips, not bf16; score it against a run holding bf16 only")
+                            f"{method} clips, not bf16; score it with the default --pair-by reference")
 
 
 def _table_run(path: Path, manifest: dict[str, Any], names: list[str]) -> TableRun:
