@@ -265,3 +265,13 @@ def test_example_plugins_import_in_a_fresh_process(path):
     r = subprocess.run([sys.executable, "-c", f"import runpy; runpy.run_path({str(path)!r})"],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_sageattention_1_never_stands_in_for_sageattention_2():
+    # the PyPI package `sageattention` 1.0.6 is SageAttention 1 (FP16 PV): its `sageattn` is a
+    # plugin's kernel, not the backend of sage2-8bit's released plan
+    from vcbench.kernels.backends.external import sage2_version_reason
+
+    assert sage2_version_reason("1.0.6") == "sageattention 1.0.6 is SageAttention 1, not 2"
+    assert sage2_version_reason("unknown") is not None
+    assert sage2_version_reason("2.1.1") is None and sage2_version_reason("2.2.0+cu128") is None

@@ -81,9 +81,20 @@ def _run_cudnn(q, k, v, plan: Plan, call: dict) -> torch.Tensor:
 SAGE2_RELEASED = sage2.METHOD.plan()
 
 
+def sage2_version_reason(version: str) -> str | None:
+    """The `sageattention` package is SageAttention2 from version 2 on; 1.x (the one on PyPI,
+    Triton, FP16 PV) computes another plan and must not stand in for sage2-8bit's."""
+    major = version.split(".", 1)[0]
+    if major.isdigit() and int(major) >= 2:
+        return None
+    return f"sageattention {version} is SageAttention 1, not 2"
+
+
 def _sage_available() -> str | None:
-    return _cuda_reason() or (None if official_sageattention() is not None
-                              else "sageattention not installed")
+    found = official_sageattention()
+    if found is None:
+        return _cuda_reason() or "sageattention not installed"
+    return _cuda_reason() or sage2_version_reason(found[1])
 
 
 def _sage_supports(plan: Plan, shape=None) -> str | None:
