@@ -6,7 +6,7 @@ import torch
 
 import vcbench
 from vcbench.errors import UserError
-from vcbench.kernels import get_method, group, ops
+from vcbench.kernels import METHODS, get_method, group, ops
 
 
 def _qkv(seed=0, n=200, heads=2, dim=128, dtype=torch.float32):
@@ -59,7 +59,7 @@ def test_op_bad_input_is_a_user_error():
 def test_serialized_options_are_canonical_json():
     import json
 
-    for method in vcbench.list_methods():
+    for method in METHODS.builtin_names():
         resolved = get_method(method).resolve({})
         plain = {n: list(x) if isinstance(x, tuple) else x for n, x in resolved.items()
                  if n not in ("permutation", "grid", "centroids", "sm_scale")}

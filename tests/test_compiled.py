@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from vcbench.errors import UserError
-from vcbench.kernels import backends, get_method, list_methods
+from vcbench.kernels import METHODS, backends, get_method
 from vcbench.kernels.backends.sm90 import compiled
 from vcbench.kernels.backends.triton.operands import kernel_switches
 from vcbench.kernels.spec.vsmooth import PLAIN_STEP_OPTIONS
@@ -134,7 +134,7 @@ def test_fp8_scores_run_only_in_the_combinations_compiled():
     assert len(set(compiled.INSTANCES)) == len(compiled.INSTANCES) == 7
 
 
-@pytest.mark.parametrize("method", [m for m in list_methods() if get_method(m).plan().vsmooth])
+@pytest.mark.parametrize("method", [m for m in METHODS.builtin_names() if get_method(m).uses_vsmooth])
 def test_a_v_smooth_methods_plain_steps_run_on_the_backend_of_its_grouping_steps(method):
     # A schedule's plain steps call the method without V-Smooth, another plan; a backend that
     # took the grouping steps but not those would hand them to the next backend unnoticed.

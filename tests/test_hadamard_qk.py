@@ -11,7 +11,7 @@ import scipy.linalg
 import torch
 
 import vcbench
-from vcbench.kernels import get_method, list_methods
+from vcbench.kernels import METHODS, get_method
 from vcbench.kernels.reference.engine import prepare
 from vcbench.kernels.spec.rotation import rotate
 
@@ -99,8 +99,8 @@ def documented_defaults() -> dict[str, str]:
 
 def test_each_methods_default_is_the_documented_one():
     documented = documented_defaults()
-    assert sorted(documented) == sorted(list_methods())
-    for name in list_methods():
+    assert sorted(documented) == sorted(METHODS.builtin_names())
+    for name in METHODS.builtin_names():
         method = get_method(name)
         option = method.all_options().get("hadamard_qk")
         if option is None:

@@ -118,6 +118,10 @@ class Registry(Generic[T]):
         _load_plugins()
         return list(self._entries)
 
+    def builtin_names(self) -> list[str]:
+        """vcbench's own entries, without any plugin's."""
+        return [n for n in self.names() if self._origins[n].builtin]
+
     def values(self) -> list[T]:
         _load_plugins()
         return list(self._entries.values())
