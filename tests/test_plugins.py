@@ -275,3 +275,25 @@ def test_sageattention_1_never_stands_in_for_sageattention_2():
     assert sage2_version_reason("1.0.6") == "sageattention 1.0.6 is SageAttention 1, not 2"
     assert sage2_version_reason("unknown") is not None
     assert sage2_version_reason("2.1.1") is None and sage2_version_reason("2.2.0+cu128") is None
+
+
+def test_an_external_kernel_goes_through_project_clip(tmp_path):
+    from vcbench.timing import clip_parts
+    from vcbench.timing import clip_projection as cp
+
+    def kernel(q, k, v, *, sm_scale, tensor_layout):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=sm_scale)
+
+    vcbench.register_kernel("test-kernel-projected", kernel, devices=("cpu",))
+    req = cp.Request(methods=["test-kernel-projected"], device="cpu", backend="emulate",
+                     text_repeats=1)
+    table, _ = cp.project_clip(req, tmp_path / "proj", clip_parts.tiny_spec())
+    assert list(table.method) == ["bf16", "test-kernel-projected"]
+    row = table.set_index("method").loc["test-kernel-projected"]
+    assert row.implementation == (f"test_plugins.{test_an_external_kernel_goes_through_project_clip.__name__}"
+                                  ".<locals>.kernel") and row.clip_s > 0
+    import pandas as pd
+
+    parts = pd.read_csv(tmp_path / "proj" / "parts.csv")
+    mine = parts[(parts.method == "test-kernel-projected") & (parts.part == "transformer")]
+    assert list(mine.kind) == ["all"]  # no grouping schedule: every step alike

@@ -166,10 +166,15 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
 
 def kind_implementations(method: str, kinds, backend: str) -> dict[str, str]:
     """What runs each kind of step's attention: a plain step is the method without V-Smooth,
-    a plan a backend may not take (it would run on the next backend that does)."""
+    a plan a backend may not take (it would run on the next backend that does). An external
+    kernel runs its callable whatever the backend."""
+    from vcbench.kernels import KernelMethod, get_method, implementation
+
+    m = get_method(method)
+    if isinstance(m, KernelMethod):
+        return {kind: m.implementation() for kind in kinds}
     if backend != "gpu":
         return {kind: backend for kind in kinds}
-    from vcbench.kernels import implementation
 
     return {kind: implementation(method, PLAIN_STEP_OPTIONS if kind == "plain" else None) or "?"
             for kind in kinds}
