@@ -7,25 +7,16 @@ test_triton_interpreted.py). And on a CPU the command and `make fig7` refuse in 
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton", reason="Triton is not installed")
 
-ROOT = Path(__file__).resolve().parents[1]
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+from interpreted import INTERPRETED, ROOT, rerun_interpreted  # noqa: E402
 
 if not INTERPRETED:
     def test_rungs_under_the_interpreter():
-        env = {**os.environ, "TRITON_INTERPRET": "1",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               __file__], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=900)
-        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-        last = proc.stdout.strip().splitlines()[-1]
-        assert " passed" in last and "failed" not in last and "skipped" not in last, last
+        rerun_interpreted(__file__, timeout=900)
 
     def test_the_cli_needs_a_gpu():
         import torch

@@ -8,29 +8,16 @@ tests do that). The checks run in a subprocess because TRITON_INTERPRET must be 
 Triton compiles anything, and other tests may import it first.
 """
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton", reason="Triton is not installed")
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
+from interpreted import INTERPRETED, rerun_interpreted  # noqa: E402
 
 if not INTERPRETED:  # the driver: the checks below run in an interpreted subprocess
     def test_triton_kernels_under_the_interpreter():
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        root = Path(__file__).resolve().parents[1]
-        env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               __file__], cwd=root, env=env, capture_output=True, text=True,
-                              timeout=1200)
-        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-        last = proc.stdout.strip().splitlines()[-1]
-        assert " passed" in last and "skipped" not in last and "failed" not in last, last
+        rerun_interpreted(__file__, timeout=1200)
 
 else:
     import torch
