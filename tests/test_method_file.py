@@ -78,7 +78,8 @@ def test_which_gpu_backends_take_the_examples():
     blocked = pertensor.plan({"q.granularity": "per-block", "k.granularity": "per-block"})
     assert taking(blocked) == [backends.SM90.name, backends.TRITON.name]
     # ... which is vc-8bit's plain plan with one Q scale per query tile
-    assert blocked == get_method("vc-8bit").plan({"vsmooth": False, "q_granularity": "block"})
+    assert blocked == get_method("vc-8bit").plan({"vsmooth": False, "q_granularity": "block",
+                                                  "hadamard_qk": False})
 
 
 # sage2-8bit with one Q scale per 64 rows (two warps' worth) instead of per warp: both 8-bit
@@ -141,11 +142,13 @@ k: {format: e2m1, granularity: microscale16, global_scale: true}
 v: {format: e2m1, granularity: microscale16, global_scale: true}
 p: {encoder: nvfp4, two_level: false}
 """,
-    "vc-8bit": SAGE2_QK + "p: {encoder: expcast, beta: -0.35}\n" + VSMOOTH,
+    # the VC methods rotate Q and K by default (their QK Hadamard)
+    "vc-8bit": SAGE2_QK + "p: {encoder: expcast, beta: -0.35}\nhadamard_qk: true\n" + VSMOOTH,
     "vc-8bit-vsmooth": SAGE2_QK + "p: {encoder: exp-then-cast, format: e4m3, scale: 256}\n"
-                       "vsmooth: {}\n",
-    "vc-4bit": SAGE3_QK + "vsmooth: {hadamard_v: false}\n",
-    "vc-8bit-fp8qk": SAGE2_QK.replace("int8", "e4m3") + "p: {encoder: expcast}\n" + VSMOOTH,
+                       "hadamard_qk: true\nvsmooth: {}\n",
+    "vc-4bit": SAGE3_QK + "hadamard_qk: true\nvsmooth: {hadamard_v: false}\n",
+    "vc-8bit-fp8qk": SAGE2_QK.replace("int8", "e4m3") + "p: {encoder: expcast}\nhadamard_qk: true\n"
+                     + VSMOOTH,
 }
 
 
@@ -190,11 +193,14 @@ def test_a_vsmooth_file_takes_the_vsmooth_options_with_its_values_as_defaults(tm
     text = f"name: vs\n{SAGE2_QK}p: {{encoder: expcast}}\nvsmooth: {{order: balanced, clusters: 8}}\n"
     method = load_method_file(write(tmp_path, text))
     builtin = get_method("vc-8bit")
-    assert set(builtin.options) - {"expcast_beta", "q_granularity", "accum"} <= set(method.options)
+    # V-Smooth's options, not vc-8bit's own (its ExpCast beta, Q granularity, accumulation and
+    # QK Hadamard)
+    own = {"expcast_beta", "q_granularity", "accum", "hadamard_qk"}
+    assert set(builtin.options) - own <= set(method.options)
     defaults = {name: opt.default for name, opt in method.options.items()}
     assert defaults["vsmooth_order"] == "balanced" and defaults["vsmooth_clusters"] == 8
     assert defaults["vsmooth"] is True and defaults["permutation"] is None
-    same = {"vsmooth_order": "balanced", "vsmooth_clusters": 8}
+    same = {"vsmooth_order": "balanced", "vsmooth_clusters": 8, "hadamard_qk": False}
     assert method.plan() == builtin.plan(same)
     for given in ({"vsmooth": False}, {"vsmooth_clusters": 3, "vsmooth_order": "cube"},
                   {"block_m": 64, "block_n": 64}, {"hadamard_v": True}):

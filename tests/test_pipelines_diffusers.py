@@ -128,9 +128,12 @@ def test_folder_mistakes_are_one_error_line(tmp_path):
 
 def test_wan_folder_without_a_config_is_one_error_line(tmp_path):
     folder = _index(tmp_path / "wan", {"_class_name": "WanPipeline",
-                                       "transformer": ["diffusers", "WanTransformer3DModel"]})
-    (folder / "transformer").mkdir()
-    (folder / "transformer" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
+                                       "transformer": ["diffusers", "WanTransformer3DModel"],
+                                       "transformer_2": ["diffusers", "WanTransformer3DModel"],
+                                       "vae": ["diffusers", "AutoencoderKLWan"]})
+    for part in ("transformer", "transformer_2", "vae"):  # every subfolder, none with a config
+        (folder / part).mkdir()
+        (folder / part / "diffusion_pytorch_model.safetensors").write_bytes(b"")
     r = run_vcbench("generate", "--model", "wan22-t2v-a14b", "--model-path", folder, "--out", tmp_path / "out")
     assert f"{folder / 'transformer'} has no config.json" in _error_line(r)
 

@@ -110,6 +110,8 @@ class Registry(Generic[T]):
         except (KeyError, TypeError):
             raise UserError(f"unknown {self.kind} {name!r} (known: {', '.join(self._entries)})") from None
 
+    __getitem__ = get
+
     def origin(self, name: str) -> Origin:
         self.get(name)
         return self._origins[name]

@@ -136,6 +136,7 @@ def check_request(req: GenerateRequest) -> tuple[list[Item], dict[str, dict[str,
     folder is made: the methods and their options (and external kernels that cannot run on
     this device), the schedule, the plan, the model and its folder, the device, and the clip
     settings the model accepts."""
+    registry.check_device(req.device)
     device_type = torch.device(req.device or ("cuda" if torch.cuda.is_available() else "cpu")).type
     for m in req.methods:
         check_runnable(m, device_type)

@@ -47,9 +47,6 @@ def call_hunyuan15(model: LoadedModel, prompt: str, generator: torch.Generator, 
 def load_hunyuan15(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     from diffusers import HunyuanVideo15Pipeline
 
-    from vcbench.pipelines.any_diffusers import check_layout
-
-    check_layout(path)  # a missing subfolder or config is one error line, not a traceback
     pipe = HunyuanVideo15Pipeline.from_pretrained(path, torch_dtype=dtype, local_files_only=True)
     pipe.to(device)
     pipe.set_progress_bar_config(disable=True)

@@ -71,6 +71,9 @@ def diffusers_folder(*needed: str, index: str = "model_index.json",
         if missing:
             raise UserError(f"--model-path {path}: missing {', '.join(m + '/' for m in missing)} "
                             f"(the subfolders {index} names and the loader needs)")
+        from vcbench.pipelines.any_diffusers import check_layout
+
+        check_layout(path)  # each component's config and weights, as loading reads them
     return check
 
 

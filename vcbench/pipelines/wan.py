@@ -46,9 +46,6 @@ def call_wan(model: LoadedModel, prompt: str, generator: torch.Generator, s: Cli
 def load_wan22(path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     from diffusers import AutoencoderKLWan, WanPipeline
 
-    from vcbench.pipelines.any_diffusers import check_layout
-
-    check_layout(path)  # a missing subfolder or config is one error line, not a traceback
     # The VAE stays in float32, as Wan's reference code and diffusers' examples run it.
     vae = AutoencoderKLWan.from_pretrained(path, subfolder="vae", torch_dtype=torch.float32,
                                            local_files_only=True)
