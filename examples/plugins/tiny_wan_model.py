@@ -12,6 +12,7 @@ import torch
 import vcbench
 from vcbench.pipelines.loaded import ClipSettings, LoadedModel
 from vcbench.pipelines.registry import ModelEntry
+from vcbench.pipelines.wan import check_wan
 
 
 def load(path, device, dtype):
@@ -33,10 +34,13 @@ def load(path, device, dtype):
                        scheduler=wan_scheduler())
     pipe.set_progress_bar_config(disable=True)
     pipe.to(device)
-    defaults = ClipSettings(steps=4, frames=5, height=64, width=64)
-    return LoadedModel("tiny-wan-1layer", pipe, defaults, call_wan, device, dtype,
+    return LoadedModel("tiny-wan-1layer", pipe, DEFAULTS, call_wan, device, dtype,
                        random_weights=True, extra={"conditioning": ByteConditioning(TEXT_DIM)})
 
 
+# The clip a request gets for each setting it leaves out, known before the model loads; `check`
+# refuses, before anything loads, the settings the model cannot make (Wan: 4k+1 frames, sides
+# that are multiples of 16).
+DEFAULTS = ClipSettings(steps=4, frames=5, height=64, width=64)
 vcbench.register(ModelEntry("tiny-wan-1layer", "WanPipeline, one random-weight block (a plugin)",
-                            load, needs_path=False))
+                            load, defaults=DEFAULTS, needs_path=False, check=check_wan))
