@@ -186,9 +186,9 @@ def test_an_inf_reaching_attention_flags_the_clip(tmp_path, monkeypatch):
 
     real_make = gen._make_clip
 
-    def make(root, model, item, *a, **kw):
+    def make(run, item, *a, **kw):
         fault.poison = item.seed == 1
-        return real_make(root, model, item, *a, **kw)
+        return real_make(run, item, *a, **kw)
 
     monkeypatch.setattr(gen, "_make_clip", make)
     out = _run_in_process(tmp_path, monkeypatch, fault, methods="vc-8bit")
