@@ -44,6 +44,8 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+          # main() takes every --plugin out of the line (after a command too) and loads it
+          # before parsing; declared here for the help text only
           plugin: list[str] = typer.Option(
               None, "--plugin", help="Load a plugin first: a module name, a .py file or a method "
               "file (.yaml/.toml); repeatable, and accepted after any command too. "

@@ -82,16 +82,6 @@ def implementation_label(method: Method | str, options: dict, backend: str, on_c
     return implementation(m, options) or "emulate"
 
 
-def available_backends(method: Method | KernelMethod) -> list[str]:
-    """What can run `method` on this machine: the emulation and the GPU kernel, or an
-    external kernel's callable on the devices it runs on here."""
-    if isinstance(method, KernelMethod):
-        here = [d for d in method.devices if _kernel_reason(method, d) is None]
-        return [f"{method.implementation()} on {d}" for d in here]
-    gpu = implementation(method)
-    return ["emulate"] + ([f"gpu ({gpu})"] if gpu else [])
-
-
 def gpu_kernels(plan: Plan) -> list[tuple[str, str | None]]:
     """The GPU backends that compute `plan`, in priority order, each with None (it runs here)
     or why not (one backend list decides this and `attention`'s choice)."""
