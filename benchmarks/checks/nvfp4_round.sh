@@ -16,14 +16,20 @@
 #   5. a short table last: each kernel's time as a multiple of BF16's, preprocessing, grouping,
 #      SM clock and power. The implementation column keeps "nvfp4 on fp16 mma": these are
 #      NVFP4 computed exactly on FP16 MMAs, a fidelity kernel, not an FP4 kernel's speed.
+# With --compiled, first the compiled sm_90a kernel is built (its NVFP4 instances' registers and
+# local memory printed), its NVFP4 GPU tests (tests/test_gpu_compiled_nvfp4.py) run in stage 2
+# instead of the Triton kernel's, and timeit then times the compiled instances (the backend
+# order prefers them where they are built).
 # Usage (repo root; FA4 as its install notes show, optional):
 #   bash benchmarks/checks/nvfp4_round.sh [--timeit-s W,S] [--skip-tests] [--skip-check]
+#                                         [--compiled]
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-TIMEIT="5,5"; TESTS=1; CHECK=1
+TIMEIT="5,5"; TESTS=1; CHECK=1; COMPILED=0
 while [ $# -gt 0 ]; do
   case $1 in
+    --compiled) COMPILED=1; shift ;;
     --timeit-s) TIMEIT=$2; shift 2 ;;
     --skip-tests) TESTS=0; shift ;;
     --skip-check) CHECK=0; shift ;;
@@ -37,8 +43,18 @@ echo "code: ${GIT_REV:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
 status=0
-# 1. what ptxas made of the kernels here
-timeout -s KILL 90 env PYTHONPATH="$PYTHONPATH:$PWD/tests" python3 \
+# 0. the compiled kernel (--compiled)
+if [ $COMPILED = 1 ]; then
+  timeout -s KILL 200 python3 -m vcbench.kernels.backends.sm90.compiled build \
+    > "$OUT/sm90-build.txt" 2>&1
+  rc=$?
+  grep -E "^built|nvfp4|error" "$OUT/sm90-build.txt" | head -n 20
+  echo "compiled build: rc=$rc (137: killed at 200 s)"
+  [ $rc = 0 ] || status=1
+fi
+
+# 1. what ptxas made of the Triton kernels here (not with --compiled)
+[ $COMPILED = 1 ] || timeout -s KILL 90 env PYTHONPATH="$PYTHONPATH:$PWD/tests" python3 \
   benchmarks/checks/nvfp4_compile_report.py > "$OUT/nvfp4-compile-report.txt" 2>&1
 rc=$?
 grep -v "nvdisasm warning" "$OUT/nvfp4-compile-report.txt" | tail -n 12
@@ -48,13 +64,15 @@ echo "benchmarks/checks/nvfp4_compile_report.py: rc=$rc (137: killed at 90 s)"
 #    no-spill assertions with this machine's Triton (apart: a spill must not stop the tests)
 if [ $TESTS = 1 ]; then
   t0=$(date +%s)
-  timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -x tests/test_gpu_nvfp4.py \
+  GPU_TESTS=tests/test_gpu_nvfp4.py
+  [ $COMPILED = 1 ] && GPU_TESTS=tests/test_gpu_compiled_nvfp4.py
+  timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -x $GPU_TESTS \
     > "$OUT/gpu-nvfp4-tests.txt" 2>&1
   rc=$?
   tail -n 25 "$OUT/gpu-nvfp4-tests.txt"
-  echo "tests/test_gpu_nvfp4.py: rc=$rc ($(( $(date +%s) - t0 )) s; 137: killed at 240 s)"
+  echo "$GPU_TESTS: rc=$rc ($(( $(date +%s) - t0 )) s; 137: killed at 240 s)"
   [ $rc = 0 ] || status=1
-  timeout -s KILL 60 python3 -m pytest -q -p no:cacheprovider tests/test_nvfp4_compile.py \
+  [ $COMPILED = 1 ] || timeout -s KILL 60 python3 -m pytest -q -p no:cacheprovider tests/test_nvfp4_compile.py \
     > "$OUT/nvfp4-compile-tests.txt" 2>&1
   rc=$?
   tail -n 5 "$OUT/nvfp4-compile-tests.txt"

@@ -3,6 +3,7 @@
     external.FA4, external.CUDNN       exact BF16 attention (FlashAttention-4, else cuDNN)
     external.SAGE2_OFFICIAL            SageAttention2's released configuration, if installed
     sm90.SM90                          the compiled sm_90a kernel (INT8 QK, per-channel V)
+    sm90.SM90_NVFP4                    NVFP4 plans on FP16 wgmma, compiled sm_90a (fidelity)
     triton.TRITON                      vcbench's Triton kernels (the 8-bit plans)
     triton.NVFP4                       NVFP4 plans, exactly, on 16-bit tensor cores (fidelity)
 
@@ -23,17 +24,17 @@ from functools import lru_cache
 from vcbench.errors import UserError
 from vcbench.kernels.backends.common import TILE, Backend, triton_ready
 from vcbench.kernels.backends.external import CUDNN, FA4, SAGE2_OFFICIAL
-from vcbench.kernels.backends.sm90 import SM90
+from vcbench.kernels.backends.sm90 import SM90, SM90_NVFP4
 from vcbench.kernels.backends.triton import NVFP4, NVFP4_IMPLEMENTATION, TRITON
 from vcbench.kernels.spec.method import Plan
 from vcbench.registry import Registry
 
 BACKENDS: Registry[Backend] = Registry("backend", "vcbench.backends")
-BACKENDS.register_builtins((FA4, CUDNN, SAGE2_OFFICIAL, SM90, TRITON, NVFP4))
+BACKENDS.register_builtins((FA4, CUDNN, SAGE2_OFFICIAL, SM90, SM90_NVFP4, TRITON, NVFP4))
 KERNEL_ENV = "VCBENCH_KERNEL"  # auto (default) | a backend's name or alias: tried first
 _AUTO = object()
 __all__ = ["BACKENDS", "CUDNN", "FA4", "KERNEL_ENV", "NVFP4", "NVFP4_IMPLEMENTATION",
-           "SAGE2_OFFICIAL", "SM90", "TILE", "TRITON",
+           "SAGE2_OFFICIAL", "SM90", "SM90_NVFP4", "TILE", "TRITON",
            "Backend", "fidelity_label", "preference", "reasons", "select", "triton_ready", "why_none"]
 
 

@@ -1,6 +1,7 @@
-"""The compiled sm_90a backend: `compiled.py` builds, loads and runs `csrc/` (one file per
-phase of the kernel). It reads the 8-bit Triton preprocessing's operands, with V-Smooth's
-means blocked as its mean product reads them. It runs where a current build exists (`make
+"""The compiled sm_90a backends: `compiled.py` builds, loads and runs `csrc/` (one file per
+phase of the kernel). SM90 reads the 8-bit Triton preprocessing's operands, with V-Smooth's
+means blocked as its mean product reads them; SM90_NVFP4 (a fidelity kernel, NVFP4 on FP16
+wgmma) reads the NVFP4 Triton preprocessing's, with V transposed. It runs where a current build exists (`make
 kernels`); where a user prefers it (VCBENCH_KERNEL=sm90) and it cannot run, the selection says
 why in one line."""
 
@@ -36,3 +37,27 @@ def prepare(q, k, v, plan, **call):
 SM90 = Backend(compiled.IMPLEMENTATION, available, supports,
                split_prepared(prepare, compiled.run), prepare, compiled.run,
                label="compiled sm_90a kernel", aliases=("sm90",))
+
+
+def supports_nvfp4(plan, shape=None) -> str | None:
+    """The NVFP4 Triton preprocessing's plans (and shapes) that the NVFP4 instances take."""
+    return (operands.nvfp4_unsupported_reason(plan, shape)
+            or compiled.nvfp4_unsupported_reason(plan, shape))
+
+
+def prepare_nvfp4(q, k, v, plan, **call):
+    """nvfp4.prepare's operands, with what the compiled kernel reads besides: V transposed,
+    V-Smooth's mean steps, Q smoothing's score term."""
+    from vcbench.kernels.backends.triton import nvfp4
+
+    ops = nvfp4.prepare(q, k, v, plan, **call)
+    ops.v_t = ops.v.transpose(1, 2).contiguous()
+    ops.mean_steps = compiled.mean_steps(ops.v_mean) if ops.v_mean is not None else None
+    ops.score_bias = compiled.score_bias(ops) if plan.smooth_q else None
+    return ops
+
+
+SM90_NVFP4 = Backend(compiled.NVFP4_IMPLEMENTATION, available, supports_nvfp4,
+                     split_prepared(prepare_nvfp4, compiled.run_nvfp4), prepare_nvfp4,
+                     compiled.run_nvfp4, label="nvfp4 on fp16 wgmma, compiled sm_90a",
+                     aliases=("sm90-nvfp4",), fidelity_only=True)

@@ -32,10 +32,11 @@ from pathlib import Path
 CSRC = Path(__file__).with_name("csrc")
 # What nvcc compiles (the kernel and its host side; the torch binding) and every header they
 # include, relative to CSRC: the build's inputs, all of them in the source hash.
-SOURCES = ("launch.cu", "binding.cpp")
+SOURCES = ("launch.cu", "nvfp4_launch.cu", "binding.cpp")
 HEADERS = ("forward.cuh", "traits.cuh", "pipeline.cuh", "mma.cuh",
            "wgmma.cuh", "softmax.cuh", "vsmooth.cuh", "epilogue.cuh",
-           "mainloop.cuh", "instances.cuh")
+           "mainloop.cuh", "instances.cuh", "tensor_maps.cuh", "nvfp4_traits.cuh",
+           "nvfp4_softmax.cuh", "nvfp4_mainloop.cuh", "nvfp4_instances.cuh")
 MEAN_BATCH = 16  # tiles per V-Smooth mean product (forward.cuh's MEAN_BATCH)
 IMPLEMENTATION = "vcbench-sm90"
 # The compiled instances, (ExpCast, V-Smooth, FP8 scores, V scale per tile), the one list of
@@ -47,6 +48,13 @@ IMPLEMENTATION = "vcbench-sm90"
 INSTANCES = ((True, True, False, False), (False, True, False, False), (True, False, False, False),
              (False, False, False, False), (True, True, True, False), (True, False, True, False),
              (False, False, True, True))
+# The NVFP4 instances, (two-level P, V-Smooth, Q smoothing's score bias): vc-4bit (with V-Smooth,
+# and without for its schedule's plain steps), sage3-4bit and attnqat-tf.
+NVFP4_INSTANCES = ((True, True, True), (True, False, True), (False, False, False))
+NVFP4_IMPLEMENTATION = "vcbench-sm90 (nvfp4 on fp16 wgmma)"
+# Q smoothing's score term is one FP32 per (query block, key): at most this many bytes of it a
+# call (2^33: the Wan2.2 shape's 40 heads x 75600 tokens need 7.2 GB); past it, the Triton kernel
+BIAS_BYTES_LIMIT = 2**33
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"
 
 
@@ -248,6 +256,84 @@ def run(ops, plan, out):
         means = ops.v_mean_blocked if ops.v_mean_blocked is not None else blocked_means(means)
     return module.forward(ops.q, ops.q_scale, ops.k, ops.k_scale, ops.v_t, ops.v_scale,
                           means, out, **arguments(ops, plan))
+
+
+def nvfp4_instance_name(combination: tuple[bool, bool, bool]) -> str:
+    """An NVFP4_INSTANCES entry in words: "two-level P, V-Smooth, Q bias"."""
+    two_level, vsmooth, bias = combination
+    return ", ".join(("two-level P" if two_level else "P microscaled directly",
+                      "V-Smooth" if vsmooth else "no V-Smooth",
+                      "Q smoothing bias" if bias else "no Q smoothing"))
+
+
+def nvfp4_combination(plan) -> tuple[bool, bool, bool]:
+    return (plan.p.two_level, plan.vsmooth is not None, plan.smooth_q)
+
+
+def nvfp4_unsupported_reason(plan, shape=None) -> str | None:
+    """Why the NVFP4 instances cannot run this plan (on (B, H, N, D) inputs of `shape`), or
+    None. They run `triton.nvfp4.prepare`'s operands, so the plan must first be one the NVFP4
+    Triton kernel takes (the caller checks); here the kernel's own limits."""
+    if plan.block_m != 128 or plan.block_n != 128:
+        return "the compiled NVFP4 kernel takes 128-row query and key blocks"
+    combination = nvfp4_combination(plan)
+    if combination not in NVFP4_INSTANCES:
+        return f"no compiled NVFP4 instance for {nvfp4_instance_name(combination)}"
+    if shape is not None:
+        b, h, n, d = shape
+        if d != 128:
+            return "the compiled kernel takes head dim 128"
+        blocks = -(-n // 128)
+        if plan.smooth_q and b * h * blocks * blocks * 128 * 4 > BIAS_BYTES_LIMIT:
+            return (f"Q smoothing's score term would take {b * h * blocks * blocks * 512 / 1e9:.1f}"
+                    f" GB (the compiled kernel's limit is {BIAS_BYTES_LIMIT / 1e9:.1f})")
+    return None
+
+
+def mean_steps(v_mean):
+    """V-Smooth's block means (B*H, tiles, 128) fp16 as the NVFP4 kernel's mean step reads
+    them: per tile the 16 x 128 B operand of one more PV k-step, K-major without swizzle (8 x 8
+    core matrices: element (k, n) at (n // 8) * 128 + (k // 8) * 64 + (n % 8) * 8 + k % 8), rows
+    k = 0 and 1 the mean (times the row sums' head and tail), the rest zero. (B*H, tiles, 2048)."""
+    import torch
+
+    bh, t, d = v_mean.shape
+    x = torch.zeros(bh, t, d // 8, 2, 8, 8, dtype=torch.float16, device=v_mean.device)
+    mu = v_mean.to(torch.float16).view(bh, t, d // 8, 8)
+    x[:, :, :, 0, :, 0] = mu
+    x[:, :, :, 0, :, 1] = mu
+    return x.view(bh, t, 16 * d)
+
+
+def score_bias(ops):
+    """Q smoothing's score term, bias_q . (K_in - mean_K) per (query block, key), FP32
+    (B*H, nq_pad / 128, nk_pad), zero past the last key: the per-tile sum the NVFP4 Triton
+    kernel adds, once a call (FP32 products and sums, in cuBLAS's order)."""
+    import torch
+
+    bh, nk_pad, d = ops.k.shape
+    n = ops.n
+    # the keys zero-padded to nk_pad: the product comes out in the kernel's layout
+    centered = torch.zeros(bh, nk_pad, d, device=ops.k.device, dtype=torch.float32)
+    centered[:, :n] = ops.k_input.reshape(bh, n, d).float() - ops.k_mean.reshape(bh, 1, d)
+    bias = torch.matmul(ops.bias_q, centered.transpose(1, 2))
+    del centered
+    # the padded keys' term is bias_q . 0 = 0 (the kernel masks them anyway)
+    return bias
+
+
+def run_nvfp4(ops, plan, out):
+    """NVFP4 attention of `triton.nvfp4.prepare`'s operands (with `v_t`, and `mean_steps` /
+    `score_bias` where the plan has them: `prepare_nvfp4` adds both) into `out` (B, H, N, D)."""
+    module = load()
+    if module is None:
+        raise RuntimeError(status())
+    reason = nvfp4_unsupported_reason(plan, tuple(out.shape))
+    if reason:
+        raise RuntimeError(reason)
+    return module.forward_nvfp4(ops.q, ops.k, ops.v_t, ops.q_outer, ops.k_outer, ops.v_outer,
+                                getattr(ops, "score_bias", None), getattr(ops, "mean_steps", None),
+                                out, ops.n, plan.p.two_level)
 
 
 def main(argv: list[str] | None = None) -> int:

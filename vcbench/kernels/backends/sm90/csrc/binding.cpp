@@ -90,6 +90,66 @@ torch::Tensor forward(torch::Tensor q, torch::Tensor q_scale, torch::Tensor k,
   return out;
 }
 
+// out = NVFP4 attention of nvfp4.prepare's operands (V transposed); returns out.
+torch::Tensor forward_nvfp4(torch::Tensor q, torch::Tensor k, torch::Tensor v_t,
+                            c10::optional<torch::Tensor> q_outer,
+                            c10::optional<torch::Tensor> k_outer,
+                            c10::optional<torch::Tensor> v_outer, c10::optional<torch::Tensor> bias,
+                            c10::optional<torch::Tensor> mean, torch::Tensor out, int64_t n,
+                            bool two_level) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v_t.dim() == 3, "q, k, v_t must be (B*H, rows, cols)");
+  TORCH_CHECK(out.dim() == 4, "out must be (B, H, n, D)");
+  const int64_t b = out.size(0), h = out.size(1), bh = q.size(0), nq_pad = q.size(1),
+                nk_pad = k.size(1), d = q.size(2);
+  TORCH_CHECK(d == 128, "the compiled kernel takes head dim 128, got ", d);
+  TORCH_CHECK(bh == b * h, "q holds ", bh, " (batch, head)s, out ", b * h);
+  check(q, "q", at::kHalf, {bh, nq_pad, d});
+  check(k, "k", at::kHalf, {bh, nk_pad, d});
+  check(v_t, "v_t", at::kHalf, {bh, d, nk_pad});
+  for (const auto* o : {&q_outer, &k_outer, &v_outer})
+    if (o->has_value()) check(**o, "outer scale", at::kFloat, {bh});
+  if (bias.has_value()) check(*bias, "bias", at::kFloat, {bh, (nq_pad + 127) / 128, nk_pad});
+  if (mean.has_value()) check(*mean, "mean", at::kHalf, {bh, nk_pad / 128, 2048});
+  TORCH_CHECK(out.is_cuda() && (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf ||
+                                 out.scalar_type() == at::kFloat),
+              "out must be a bf16, fp16 or fp32 CUDA tensor");
+  TORCH_CHECK(out.size(2) == n && out.size(3) == d, "out must be (B, H, n, 128), got ", out.sizes());
+  TORCH_CHECK(out.stride(3) == 1 && out.stride(0) % 2 == 0 && out.stride(1) % 2 == 0 &&
+                  out.stride(2) % 2 == 0,
+              "out needs a unit last stride and even other strides");
+  TORCH_CHECK(q.device() == out.device() && k.device() == out.device() && v_t.device() == out.device(),
+              "all tensors on one device");
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto ptr = [](const c10::optional<torch::Tensor>& t) -> const float* {
+    return t.has_value() ? t->data_ptr<float>() : nullptr;
+  };
+  vc::Nvfp4Args a{};
+  a.q = q.data_ptr();
+  a.k = k.data_ptr();
+  a.v_t = v_t.data_ptr();
+  a.q_outer = ptr(q_outer);
+  a.k_outer = ptr(k_outer);
+  a.v_outer = ptr(v_outer);
+  a.bias = ptr(bias);
+  a.mean = mean.has_value() ? mean->data_ptr() : nullptr;
+  a.out = out.data_ptr();
+  a.out_sb = out.stride(0);
+  a.out_sh = out.stride(1);
+  a.out_sn = out.stride(2);
+  a.batch = static_cast<int>(b);
+  a.heads = static_cast<int>(h);
+  a.n = static_cast<int>(n);
+  a.nq_pad = static_cast<int>(nq_pad);
+  a.nk_pad = static_cast<int>(nk_pad);
+  a.two_level = two_level;
+  a.out_kind = out.scalar_type() == at::kHalf ? 0 : out.scalar_type() == at::kBFloat16 ? 1 : 2;
+  a.stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  const char* err = vc::forward_nvfp4(a);
+  TORCH_CHECK(err == nullptr, "vc_sm90: ", err ? err : "");
+  return out;
+}
+
 std::string describe() { return vc::describe(); }
 
 }  // namespace
@@ -101,6 +161,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("v_scale"), py::arg("v_mean"), py::arg("out"), py::arg("n"), py::arg("q_rows"),
         py::arg("expcast"), py::arg("expcast_bias"), py::arg("log2_p_scale"),
         py::arg("v_per_tile"));
+  m.def("forward_nvfp4", &forward_nvfp4, "NVFP4 attention of prepared operands (forward.cuh)",
+        py::arg("q"), py::arg("k"), py::arg("v_t"), py::arg("q_outer"), py::arg("k_outer"),
+        py::arg("v_outer"), py::arg("bias"), py::arg("mean"), py::arg("out"), py::arg("n"),
+        py::arg("two_level"));
   m.def("describe", &describe, "registers and shared memory of each compiled instance");
   m.attr("SOURCE_HASH") = VC_STR(VC_SOURCE_HASH_ID);  // "h" + compiled.source_hash()
 }

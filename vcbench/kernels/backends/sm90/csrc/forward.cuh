@@ -3,6 +3,7 @@
 // binding.cpp checks tensors and fills ForwardArgs; launch.cu builds the TMA descriptors and
 // launches.
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 
 namespace vc {
@@ -45,6 +46,37 @@ constexpr int MEAN_BATCH = 16;
 
 // nullptr on success, else a message (static storage) saying what was refused or failed.
 const char* forward(const ForwardArgs& args);
+
+// The NVFP4 instances' operands, as backends.triton.nvfp4.prepare writes them (Nvfp4Operands,
+// with V transposed), all contiguous, head dim 128:
+//   q        fp16 (B*H, nq_pad, 128)   dequantized NVFP4 values, softmax scale * log2(e) in
+//   k        fp16 (B*H, nk_pad, 128)   nk_pad a multiple of 128
+//   v_t      fp16 (B*H, 128, nk_pad)   V's dequantized values, transposed
+//   q_outer, k_outer, v_outer  fp32 (B*H,)  the two-level operand scales, or null
+//   bias     fp32 (B*H, nq_pad / 128, nk_pad)  Q smoothing's score term, or null
+//   mean     fp16 (B*H, nk_pad / 128, 2048)   V-Smooth's mean steps (compiled.mean_steps)
+//   out      fp16, bf16 or fp32 (B, H, n, 128), any strides (elements), unit last stride
+struct Nvfp4Args {
+  const void* q;
+  const void* k;
+  const void* v_t;
+  const float* q_outer;
+  const float* k_outer;
+  const float* v_outer;
+  const float* bias;
+  const void* mean;
+  void* out;
+  int64_t out_sb, out_sh, out_sn;
+  int batch, heads, n, nq_pad, nk_pad;
+  bool two_level;  // P under a per-row scale (sage3, vc-4bit), else microscaled directly
+  int out_kind;    // 0 fp16, 1 bf16, 2 fp32
+  void* stream;
+};
+
+const char* forward_nvfp4(const Nvfp4Args& args);
+
+// describe()'s lines for the NVFP4 instances, appended to text (len bytes in all).
+void describe_nvfp4(char* text, size_t len);
 
 // One line per compiled instance: registers/thread at entry, local and dynamic shared memory.
 const char* describe();

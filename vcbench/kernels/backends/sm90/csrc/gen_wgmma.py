@@ -140,12 +140,53 @@ __device__ __forceinline__ void wgmma_f16_ss_n{n}(float (&d)[NACC], uint64_t des
 """
 
 
+def f16_ss_first(n):
+    """NVFP4's score product on exactly dequantized codes, its first k-step: D = A * B (scale-d
+    false), the accumulator write-only (as s8_ss_first). A and B K-major, any layout the
+    descriptors give (128-byte swizzle for the score tiles)."""
+    nacc = n // 2
+    outs = accumulators(nacc, "=f")
+    return f"""
+// D(f32, 64x{n}) = A(f16, 64x16, shared memory) * B(f16, 16x{n}, shared memory), both K-major:
+// the first k-step of a fresh accumulator.
+__device__ __forceinline__ void wgmma_f16_ss_n{n}_first(float (&d)[{nacc}], uint64_t desc_a,
+                                                      uint64_t desc_b) {{
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 0, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs(nacc)}}}, "
+      "%{nacc}, %{nacc + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+      : {outs}
+      : "l"(desc_a), "l"(desc_b));
+}}
+"""
+
+
+def f16_rs_first(n):
+    """NVFP4's P V product, its first k-step: D = A * B into a fresh block, P's dequantized
+    values from registers (the mma.m16n8k16 A fragment per warp)."""
+    nacc = n // 2
+    outs = accumulators(nacc, "=f")
+    return f"""
+// D(f32, 64x{n}) = A(f16, 64x16, registers) * B(f16, 16x{n}, shared memory, K-major): the first
+// k-step of a fresh accumulator.
+__device__ __forceinline__ void wgmma_f16_rs_n{n}_first(float (&d)[{nacc}], uint32_t a0, uint32_t a1,
+                                                      uint32_t a2, uint32_t a3, uint64_t desc_b) {{
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 0, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs(nacc)}}}, "
+      "{{%{nacc}, %{nacc + 1}, %{nacc + 2}, %{nacc + 3}}}, %{nacc + 4}, p, 1, 1, 0;\\n}}\\n"
+      : {outs}
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b));
+}}
+"""
+
+
 def text() -> str:
     """wgmma.cuh as it must read."""
     pv = [e4m3_rs(n) + e4m3_rs_first(n) for n in (128, 136)]  # exp2; ExpCast's ones column
     qk = "".join(qk_ss(128, fmt, first) for fmt in QK for first in (True, False))
-    return (HEADER + qk + "".join(pv) + f16_rs(128) + f16_ss(128)
-            + "\n}  // namespace vc\n")
+    return (HEADER + qk + "".join(pv) + f16_rs(128) + f16_ss(128) + f16_ss_first(128)
+            + f16_rs_first(128) + "\n}  // namespace vc\n")
 
 
 def main():

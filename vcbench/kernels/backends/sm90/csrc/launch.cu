@@ -9,48 +9,12 @@
 
 #include "forward.cuh"
 #include "mainloop.cuh"
+#include "tensor_maps.cuh"
 #include "traits.cuh"
 
 namespace vc {
 
 namespace {
-
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-thread_local char g_msg[512];
-
-const char* fail(const char* fmt, const char* a = "", long long b = 0) {
-  snprintf(g_msg, sizeof(g_msg), fmt, a, b);
-  return g_msg;
-}
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point: no -lcuda at link time.
-EncodeTiled encode_fn() {
-  static EncodeTiled fn = nullptr;
-  if (fn == nullptr) {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult status;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
-                                         &status) == cudaSuccess &&
-        status == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<EncodeTiled>(ptr);
-  }
-  return fn;
-}
-
-// A u8 tensor map with 128-byte swizzle (every box's inner extent is 128 bytes).
-bool make_map(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dims,
-              const cuuint64_t* strides, const cuuint32_t* box) {
-  EncodeTiled enc = encode_fn();
-  if (enc == nullptr) return false;
-  cuuint32_t elem[5] = {1, 1, 1, 1, 1};
-  return enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, const_cast<void*>(ptr), dims, strides, box,
-             elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
 
 // Launch one instance with the shared memory its traits lay out.
 template <class T>
@@ -169,6 +133,7 @@ const char* describe() {
   static char text[4096];
   text[0] = 0;
   for (const Instance& k : INSTANCES) k.describe(text, sizeof(text));
+  describe_nvfp4(text, sizeof(text));
   return text;
 }
 

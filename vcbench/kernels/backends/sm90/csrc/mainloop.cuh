@@ -52,12 +52,6 @@
 
 namespace vc {
 
-// A compile-time flag as an argument (which of the tile's straight copies to run).
-template <bool B>
-struct With {
-  static constexpr bool value = B;
-};
-
 // The cold tiles (the one that carries a batch's mean product, the masked last one) need a few
 // registers more than the loop's, which at 160 a thread has none to spare: the row sums wait in
 // shared memory (this thread's 8 bytes) from the tile's start to their update, instead of ptxas

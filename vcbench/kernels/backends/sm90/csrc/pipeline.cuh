@@ -7,6 +7,12 @@
 
 namespace vc {
 
+// A compile-time flag as an argument (which of a tile's straight copies to run).
+template <bool B>
+struct With {
+  static constexpr bool value = B;
+};
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

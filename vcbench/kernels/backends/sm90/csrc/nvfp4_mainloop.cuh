@@ -1,0 +1,193 @@
+// The NVFP4 kernel: a producer warpgroup that loads Q once and the K / V^T tiles (with
+// V-Smooth's mean step and Q smoothing's bias row) into the stage ring by TMA, and two
+// consumer warpgroups that each run QK, the softmax with P's NVFP4 quantization, and PV in
+// order on their 64 query rows, tile after tile, then the epilogue.
+//
+// Every 16-bit tile is two halves of 64 columns, each 128 rows of 128 bytes under the 128-byte
+// swizzle that a K-major wgmma operand reads (desc_sw128): k-step kk (16 columns, 32 bytes)
+// of a tile is half kk / 4 at byte (kk % 4) * 32 of its rows, the 8-bit kernel's k-step
+// arithmetic. Q and K are row-major in channels (K-major for S = Q K^T); V comes transposed
+// (channels x keys), K-major for P V. The TMA maps address them in bytes (launch.cu).
+#pragma once
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <math.h>
+
+#include "mma.cuh"
+#include "nvfp4_softmax.cuh"
+#include "nvfp4_traits.cuh"
+#include "pipeline.cuh"
+
+namespace vc {
+
+namespace nvfp4 {
+
+template <class T>
+__device__ __forceinline__ void produce(const CUtensorMap& tm_q, const CUtensorMap& tm_k,
+                                        const CUtensorMap& tm_v, const Params& prm,
+                                        uint32_t base, StageBarriers<T::STAGES> bars, int m_block,
+                                        int bh) {
+  prefetch_tensormap(&tm_q);
+  prefetch_tensormap(&tm_k);
+  prefetch_tensormap(&tm_v);
+  const uint32_t s_q = base + T::Q_OFF;
+  mbar_expect_tx(bars.q(), T::TILE_BYTES);
+  const int q_row = bh * prm.nq_pad + m_block * T::BM;
+  tma_load_2d(s_q, &tm_q, bars.q(), 0, q_row);
+  tma_load_2d(s_q + T::HALF, &tm_q, bars.q(), 128, q_row);
+  const int n_tiles = prm.n_tiles;
+  for (int j = 0; j < n_tiles; ++j) {
+    const int st = j % T::STAGES;
+    mbar_wait(bars.empty(st), ((j / T::STAGES) & 1) ^ 1);
+    const uint32_t stage = base + T::STAGE_OFF + st * T::STAGE_BYTES;
+    mbar_expect_tx(bars.full(st), 2 * T::TILE_BYTES + T::MEAN_BYTES + T::BIAS_BYTES);
+    const int k_row = bh * prm.nk_pad + j * BN;
+    tma_load_2d(stage + T::K_OFF, &tm_k, bars.full(st), 0, k_row);
+    tma_load_2d(stage + T::K_OFF + T::HALF, &tm_k, bars.full(st), 128, k_row);
+    tma_load_2d(stage + T::V_OFF, &tm_v, bars.full(st), j * BN * 2, bh * D);
+    tma_load_2d(stage + T::V_OFF + T::HALF, &tm_v, bars.full(st), j * BN * 2 + 128, bh * D);
+    if constexpr (T::VSMOOTH)
+      bulk_load(stage + T::MEAN_OFF, prm.mean + (static_cast<size_t>(bh) * n_tiles + j) * 2048,
+                T::MEAN_BYTES, bars.full(st));
+    if constexpr (T::BIAS)
+      bulk_load(stage + T::BIAS_OFF,
+                prm.bias + (static_cast<size_t>(bh) * prm.q_blocks + m_block) * prm.nk_pad +
+                    static_cast<size_t>(j) * BN,
+                T::BIAS_BYTES, bars.full(st));
+  }
+}
+
+// S = Q K_j^T for a warpgroup's 64 rows: 8 k-steps of 16 channels.
+template <class T>
+__device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t s_q, uint32_t s_k) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint64_t dq = desc_sw128(s_q + (kk / 4) * T::HALF) + 2 * (kk % 4);
+    const uint64_t dk = desc_sw128(s_k + (kk / 4) * T::HALF) + 2 * (kk % 4);
+    if (kk == 0)
+      wgmma_f16_ss_n128_first(s, dq, dk);
+    else
+      wgmma_f16_ss_n128(s, dq, dk);
+  }
+}
+
+// PV_j = P V_j into a fresh block: 8 k-steps of 16 keys, P from registers; with V-Smooth one
+// more, the tile's row sums times its mean.
+template <class T>
+__device__ __forceinline__ void issue_pv(float (&pv)[64], const uint32_t (&p)[32], uint32_t s_v,
+                                         [[maybe_unused]] const uint32_t (&a_mean)[4],
+                                         [[maybe_unused]] uint32_t s_mean) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint64_t dv = desc_sw128(s_v + (kk / 4) * T::HALF) + 2 * (kk % 4);
+    if (kk == 0)
+      wgmma_f16_rs_n128_first(pv, p[0], p[1], p[2], p[3], dv);
+    else {
+      const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+      wgmma_f16_rs_n128(pv, a, dv);
+    }
+  }
+  if constexpr (T::VSMOOTH) wgmma_f16_rs_n128(pv, a_mean, desc_means(s_mean));
+}
+
+template <class T>
+__device__ __forceinline__ void consume(const Params& prm, uint32_t base,
+                                        StageBarriers<T::STAGES> bars, int m_block, int bh,
+                                        int wg, int tid) {
+  const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);  // warp-uniform
+  const int warp = tid / 32, lane = tid % 32, q = lane & 3, g = lane >> 2;
+  const int row0 = m_block * T::BM + cw * 64 + warp * 16 + g;  // rows row0, row0 + 8
+  const uint32_t s_q = base + T::Q_OFF + cw * 64 * 128;        // this warpgroup's 64 rows
+  const float c = prm.q_outer != nullptr ? prm.q_outer[bh] * prm.k_outer[bh] : 1.f;
+
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  reg_fence(acc);
+  float s[64], pv[64];
+  uint32_t p[32], a_mean[4] = {0u, 0u, 0u, 0u};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  mbar_wait(bars.q(), 0);
+
+  int stage = 0, phase = 0;
+  auto tile = [&](int j, auto last) {
+    constexpr bool LAST = decltype(last)::value;
+    const uint32_t st_base = base + T::STAGE_OFF + stage * T::STAGE_BYTES;
+    mbar_wait(bars.full(stage), phase);
+    wgmma_fence();
+    issue_qk<T>(s, s_q, st_base + T::K_OFF);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(s);
+    const float2* bias = reinterpret_cast<const float2*>(
+        __cvta_shared_to_generic(st_base + T::BIAS_OFF)) + q;
+    float alpha[2], f[2], r[2], xs[2];
+    softmax_tile<T, LAST>(s, p, m, alpha, f, r, xs, c, bias, LAST ? prm.n - j * BN : BN, q);
+    if constexpr (T::VSMOOTH) mean_fragment(a_mean, xs, q);
+    reg_fence(p);
+    wgmma_fence();
+    issue_pv<T>(pv, p, st_base + T::V_OFF, a_mean, st_base + T::MEAN_OFF);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(pv);
+    mbar_arrive(bars.empty(stage));
+    stage = stage == T::STAGES - 1 ? 0 : stage + 1;
+    phase ^= stage == 0;
+    merge_tile(acc, pv, l, alpha, f, r);
+  };
+  const int last = prm.n_tiles - 1;
+  for (int j = 0; j < last; ++j) tile(j, With<false>{});
+  tile(last, With<true>{});
+
+  // O = acc * v_outer / l, rows past n (the padding) not written
+  const float v_outer = prm.v_outer != nullptr ? prm.v_outer[bh] : 1.f;
+  const int b = bh / prm.heads, hd = bh % prm.heads;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    const float scale = v_outer / l[h];
+    if (row >= prm.n) continue;
+    const long long off = b * prm.out_sb + hd * prm.out_sh + row * prm.out_sn;
+#pragma unroll
+    for (int cc = 0; cc < 16; ++cc) {
+      const int col = 8 * cc + 2 * q;
+      const float o0 = acc[4 * cc + 2 * h] * scale, o1 = acc[4 * cc + 2 * h + 1] * scale;
+      if (prm.out_kind == OUT_BF16)
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(prm.out) + off + col) =
+            __floats2bfloat162_rn(o0, o1);
+      else if (prm.out_kind == OUT_FP16)
+        *reinterpret_cast<__half2*>(static_cast<__half*>(prm.out) + off + col) =
+            __floats2half2_rn(o0, o1);
+      else
+        *reinterpret_cast<float2*>(static_cast<float*>(prm.out) + off + col) = make_float2(o0, o1);
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::THREADS, 1)
+    nvfp4_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
+                           const __grid_constant__ CUtensorMap tm_k,
+                           const __grid_constant__ CUtensorMap tm_v, const Params prm) {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const StageBarriers<T::STAGES> bars{base + T::BAR_OFF};
+  const int m_block = blockIdx.x, bh = blockIdx.y;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) bars.init(128 * T::CONSUMERS);
+  __syncthreads();
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::PRODUCER_REGS));
+    if (tid == 0) produce<T>(tm_q, tm_k, tm_v, prm, base, bars, m_block, bh);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::CONSUMER_REGS));
+    consume<T>(prm, base, bars, m_block, bh, wg, tid);
+  }
+}
+
+}  // namespace nvfp4
+
+}  // namespace vc
