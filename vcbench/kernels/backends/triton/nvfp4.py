@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vcbench.kernels.backends.triton.quantize import abs_max
+from vcbench.kernels.backends.triton.quantize import abs_max, hadamard_norm, hadamard_rows
 from vcbench.kernels.spec import granularity
 
 MAGIC_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + M) - M is y rounded half to even, |y| < 2^22
@@ -194,15 +194,21 @@ def _token_sums(X, Sums, n, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
 
 
 @triton.jit
-def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, n, n_pad, stride_b,
-                 stride_h, stride_n, H, multiplier, ROWS: tl.constexpr, D: tl.constexpr,
-                 HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr,
-                 SMOOTH: tl.constexpr, OUTER: tl.constexpr, GATHER_OUT: tl.constexpr):
-    """Q or K, ROWS tokens of one (batch, head): optional gather by the permutation (the
-    gathered input rows written out with GATHER_OUT, for the bias), scale fold, token-mean
-    subtraction (K smoothing), block-mean
-    subtraction (Q smoothing, the mean written out); microscales along D; values. Loaded as
-    (ROWS, D / 16, 16)."""
+def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAmax, n, n_pad,
+                 stride_b, stride_h, stride_n, H, multiplier, norm, ROWS: tl.constexpr,
+                 D: tl.constexpr, HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr,
+                 MULTIPLY: tl.constexpr, SMOOTH: tl.constexpr, OUTER: tl.constexpr,
+                 GATHER_OUT: tl.constexpr, HADAMARD: tl.constexpr = False,
+                 LOG2_D: tl.constexpr = 0, AMAX_ONLY: tl.constexpr = False):
+    """Q or K, ROWS tokens of one (batch, head), in the emulation's order: optional gather by
+    the permutation (the gathered input rows written out with GATHER_OUT, for the bias), scale
+    fold, QK Hadamard (`quantize.hadamard_rows`, the butterfly of `rotation.rotate`), token-mean
+    subtraction (K smoothing; with HADAMARD, Mean is the rotated mean: appendix B's order),
+    block-mean subtraction (Q smoothing, the mean written out); microscales along D; values.
+    With AMAX_ONLY the program writes nothing but max |x| of its rows (NaN for a non-finite
+    one) to BlockAmax: the first pass of a rotated operand's outer scale, which needs the
+    amax of the rotated tensor before any element is quantized. Quantized as (ROWS, D / 16,
+    16); the rotation's rows are loaded as (ROWS, D)."""
     block = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -214,38 +220,61 @@ def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, n, n_pad
     src = rows.to(tl.int64)
     if HAS_PERM:
         src = tl.load(Perm + bh * n + rows, mask=valid, other=0).to(tl.int64)
-    x_in = tl.load(X + b * stride_b + h * stride_h + src[:, None, None] * stride_n + cols[None],
-                   mask=valid[:, None, None], other=0.0)
     r64 = rows.to(tl.int64)
-    if GATHER_OUT:
-        tl.store(Gathered + bh * n * D + r64[:, None, None] * D + cols[None], x_in,
-                 mask=valid[:, None, None])
-    x = x_in.to(tl.float32)
-    if MULTIPLY:
-        x = x * multiplier
+    base = X + b * stride_b + h * stride_h
+    if HADAMARD:
+        flat = tl.arange(0, D)
+        x_in = tl.load(base + src[:, None] * stride_n + flat[None, :], mask=valid[:, None],
+                       other=0.0)
+        if GATHER_OUT:
+            tl.store(Gathered + bh * n * D + r64[:, None] * D + flat[None, :], x_in,
+                     mask=valid[:, None])
+        x = x_in.to(tl.float32)
+        if MULTIPLY:
+            x = x * multiplier
+        # padding rows are zero and stay zero: the emulation pads after rotating
+        x = tl.reshape(hadamard_rows(x, norm, ROWS, D, LOG2_D), (ROWS, D // 16, 16))
+    else:
+        x_in = tl.load(base + src[:, None, None] * stride_n + cols[None],
+                       mask=valid[:, None, None], other=0.0)
+        if GATHER_OUT:
+            tl.store(Gathered + bh * n * D + r64[:, None, None] * D + cols[None], x_in,
+                     mask=valid[:, None, None])
+        x = x_in.to(tl.float32)
+        if MULTIPLY:
+            x = x * multiplier
     if HAS_MEAN:
         x = tl.where(valid[:, None, None], x - tl.load(Mean + bh * D + cols)[None], 0.0)
     if SMOOTH:
         count = tl.minimum(n - block * ROWS, ROWS).to(tl.float64)
         mean = (tl.sum(x.to(tl.float64), 0) / count).to(tl.float32)
-        tl.store(QMean + (bh * (n_pad // ROWS) + block) * D + cols, mean)
+        if not AMAX_ONLY:
+            tl.store(QMean + (bh * (n_pad // ROWS) + block) * D + cols, mean)
         x = tl.where(valid[:, None, None], x - mean[None], 0.0)
-    scale, values = nvfp4_values(x, abs_max(x, 2)[:, :, None], Outer, bh, OUTER)
-    tl.store(Values + bh * n_pad * D + r64[:, None, None] * D + cols[None], values.to(tl.float16))
-    tl.store(Scales + bh * n_pad * (D // 16) + r64[:, None] * (D // 16) + groups[None, :],
-             tl.reshape(scale, (ROWS, D // 16)).to(tl.float16))
+    amax = abs_max(x, 2)
+    if AMAX_ONLY:
+        tl.store(BlockAmax + bh * (n_pad // ROWS) + block, abs_max(abs_max(amax, 1), 0))
+    else:
+        scale, values = nvfp4_values(x, amax[:, :, None], Outer, bh, OUTER)
+        tl.store(Values + bh * n_pad * D + r64[:, None, None] * D + cols[None],
+                 values.to(tl.float16))
+        tl.store(Scales + bh * n_pad * (D // 16) + r64[:, None] * (D // 16) + groups[None, :],
+                 tl.reshape(scale, (ROWS, D // 16)).to(tl.float16))
 
 
 @triton.jit
-def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, n, n_pad, stride_b, stride_h,
-                stride_n, H, ROWS: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
-                DEMEAN: tl.constexpr, OUTER: tl.constexpr):
+def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, ValuesT, n, n_pad, stride_b,
+                stride_h, stride_n, H, ROWS: tl.constexpr, D: tl.constexpr,
+                HAS_PERM: tl.constexpr, DEMEAN: tl.constexpr, OUTER: tl.constexpr,
+                TRANSPOSED: tl.constexpr = False):
     """V, one KV tile (ROWS tokens) of one (batch, head): optional gather by the permutation,
     V-Smooth's block mean (FP64 sum, stored FP16, the residual taken against the stored
     value); microscales along the tokens; values. Loaded as (16, ROWS / 16, D), token 16 g + i
     at [i, g]: the compiler lays a thread's registers along the first axis, so each group's
     tokens sit in one thread (or two warps) and its microscale is computed once per column
-    held, not once per element as a (ROWS / 16, 16, D) tile would have it."""
+    held, not once per element as a (ROWS / 16, 16, D) tile would have it. With TRANSPOSED the
+    same values are also written to ValuesT (D, N_pad) per (batch, head), for a kernel that
+    reads V^T: a thread's 16 registers along the first axis are 16 consecutive tokens there."""
     tile = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -268,8 +297,11 @@ def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, n, n_pad, stride_b,
         x = tl.where(valid[:, :, None], x - stored.to(tl.float32)[None, None, :], 0.0)
     scale, values = nvfp4_values(x, abs_max(x, 0)[None, :, :], Outer, bh, OUTER)
     r64 = rows.to(tl.int64)
-    tl.store(Values + bh * n_pad * D + r64[:, :, None] * D + cols[None, None, :],
-             values.to(tl.float16))
+    values = values.to(tl.float16)
+    tl.store(Values + bh * n_pad * D + r64[:, :, None] * D + cols[None, None, :], values)
+    if TRANSPOSED:
+        tl.store(ValuesT + bh * D * n_pad + cols.to(tl.int64)[None, None, :] * n_pad
+                 + r64[:, :, None], values)
     scale_rows = (tile * (ROWS // 16) + groups).to(tl.int64)
     tl.store(Scales + bh * (n_pad // 16) * D + scale_rows[:, None] * D + cols[None, :],
              tl.reshape(scale, (ROWS // 16, D)).to(tl.float16))
@@ -324,6 +356,9 @@ class Nvfp4Operands:
     k_mean: torch.Tensor | None = None
     k_input: torch.Tensor | None = None
     permutation: torch.Tensor | None = None
+    # V's values transposed, (B*H, D, N_pad) FP16 contiguous, for a kernel that reads V^T
+    # (`prepare(..., v_transposed=True)`); v_t[i] == v[i].T, NaN heads included
+    v_t: torch.Tensor | None = None
 
     def codes(self, name: str, heads: slice = slice(None)) -> torch.Tensor:
         """The E2M1 codes (values, as the emulation's `Quantized.codes`) of operand "q", "k" or
@@ -350,53 +385,69 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_scale=None
-            ) -> Nvfp4Operands:
+def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_scale=None,
+            v_transposed=False) -> Nvfp4Operands:
     """HND 16-bit (or FP32) inputs -> the NVFP4 operands of `plan`, bit-equal to
     `reference.engine.prepare` on the same tensors. The plan is one
-    `operands.nvfp4_unsupported_reason` accepts."""
+    `operands.nvfp4_unsupported_reason` accepts. With `v_transposed`, V's values are also
+    written as `v_t` (B*H, D, N_pad) by the same kernel, for a kernel that reads V^T."""
     from vcbench.kernels.backends.triton.kmeans import grouping
     from vcbench.kernels.reference.engine import softmax_scale_log2
-    from vcbench.kernels.reference.vsmooth import token_mean
     from vcbench.kernels.spec.rotation import rotate
 
     b, h, n, d = q.shape
     bm, bn = plan.block_m, plan.block_n
     nq_pad, nk_pad = triton.cdiv(n, bm) * bm, triton.cdiv(n, bn) * bn
     dev = q.device
-    scale_log2 = torch.tensor(softmax_scale_log2(d, sm_scale), dtype=torch.float32)
+    scale_log2 = torch.tensor(softmax_scale_log2(d, sm_scale), dtype=torch.float32).item()
+    rotated = plan.hadamard_qk
+    norm = hadamard_norm(d) if rotated else 1.0
 
     if plan.vsmooth is not None and permutation is None:
         permutation = grouping(v, plan.vsmooth, grid=grid, init=centroids).permutation
     perm = None if permutation is None else permutation.to(dev, torch.int32).contiguous()
+    q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
 
-    def outer_of(x, quantizer, scale=None):
+    def launch_qk(x, rows, n_pad, *, multiplier=None, mean=None, gather=None, smooth=False,
+                  outer=None, gathered=None, block_amax=None):
+        values = scales = q_mean = None
+        if block_amax is None:
+            values = torch.empty(b * h, n_pad, d, device=dev, dtype=torch.float16)
+            scales = torch.empty(b * h, n_pad, d // 16, device=dev, dtype=torch.float16)
+            if smooth:
+                q_mean = torch.empty(b * h, n_pad // rows, d, device=dev, dtype=torch.float32)
+        spare = x  # any pointer, for the arguments a switch leaves unread
+
+        def ptr(t):
+            return spare if t is None else t
+        _quantize_qk[(n_pad // rows, b * h)](
+            x, ptr(gather), ptr(mean), ptr(outer), ptr(values), ptr(scales), ptr(q_mean),
+            ptr(gathered), ptr(block_amax), n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,
+            float(multiplier) if multiplier is not None else 1.0, norm, ROWS=rows, D=d,
+            HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
+            MULTIPLY=multiplier is not None, SMOOTH=smooth, OUTER=outer is not None,
+            GATHER_OUT=gathered is not None, HADAMARD=rotated, LOG2_D=d.bit_length() - 1,
+            AMAX_ONLY=block_amax is not None, num_warps=NUM_WARPS, enable_fp_fusion=False)
+        return values, scales, q_mean
+
+    def outer_of(x, quantizer, rows=None, n_pad=None, multiplier=None, **qk):
+        """The outer scale of `quantizer` on x (times `multiplier`, rotated when Q and K are:
+        `rows` and `n_pad` are then the quantizer's tiles), or None."""
         if not quantizer.granularity.global_scale:
             return None
+        if rotated and rows is not None:
+            # the amax of the rotated tensor, before any element is quantized: a first pass
+            # that writes one amax per block (exact: a max does not round)
+            block_amax = torch.empty(b * h, n_pad // rows, device=dev, dtype=torch.float32)
+            launch_qk(x, rows, n_pad, multiplier=multiplier, block_amax=block_amax, **qk)
+            return _outer(block_amax.amax(1))
         # max |x| in one read (x.abs() would write a copy first); exact in any dtype, NaN
         # propagated; an infinity made NaN, as `granularity.abs_max` does
         amax = torch.linalg.vector_norm(x, float("inf"), dim=(-2, -1)).float()
         amax = torch.where(torch.isfinite(amax), amax, torch.full_like(amax, float("nan")))
-        # Rounded multiplication is monotone: max |x * c| = max |x| * c, bit for bit.
-        return _outer(amax if scale is None else amax * scale.to(dev))
-
-    def quantize_qk(x, rows, n_pad, *, multiplier=None, mean=None, gather=None,
-                    smooth=False, outer=None, gathered=None):
-        values = torch.empty(b * h, n_pad, d, device=dev, dtype=torch.float16)
-        scales = torch.empty(b * h, n_pad, d // 16, device=dev, dtype=torch.float16)
-        q_mean = (torch.empty(b * h, n_pad // rows, d, device=dev, dtype=torch.float32)
-                  if smooth else None)
-        spare = scales  # any pointer, for the arguments a switch leaves unread
-        _quantize_qk[(n_pad // rows, b * h)](
-            x, gather if gather is not None else spare, mean if mean is not None else spare,
-            outer if outer is not None else spare, values, scales,
-            q_mean if q_mean is not None else spare, gathered if gathered is not None else spare,
-            n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,
-            float(multiplier) if multiplier is not None else 1.0, ROWS=rows, D=d,
-            HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
-            MULTIPLY=multiplier is not None, SMOOTH=smooth, OUTER=outer is not None,
-            GATHER_OUT=gathered is not None, num_warps=NUM_WARPS, enable_fp_fusion=False)
-        return values, scales, q_mean
+        if multiplier is not None:  # rounded multiplication is monotone: max |x c| = max |x| c
+            amax = amax * torch.tensor(multiplier, dtype=torch.float32, device=dev)
+        return _outer(amax.reshape(b, h))
 
     def token_mean_fp32(x):  # vsmooth.token_mean of x in FP32: FP64 sums, one read
         sums = torch.zeros(b * h, d, device=dev, dtype=torch.float64)
@@ -405,61 +456,54 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
             num_warps=NUM_WARPS)
         return (sums / n).float()
 
-    k_mean = k_input = None
-    if plan.hadamard_qk:  # rotations in torch, exactly as the emulation orders them
-        qf = rotate(q.float() * scale_log2.to(dev))
-        if perm is not None:
-            k = torch.gather(k, 2, perm.long()[..., None].expand_as(k))
-        kf = k.float()
-        kf = rotate(kf) - rotate(token_mean(kf)) if plan.smooth_k else rotate(kf)
-        q_out, k_out = outer_of(qf, plan.q), outer_of(kf, plan.k)
-        qv, qs, q_mean = quantize_qk(qf, bm, nq_pad, smooth=plan.smooth_q, outer=q_out)
-        kv, ks, _ = quantize_qk(kf, bn, nk_pad, outer=k_out)
-        del kf
-        if plan.smooth_q:
-            k_input = k.contiguous()
-            k_mean = token_mean_fp32(k_input) if plan.smooth_k else torch.zeros(b * h, d, device=dev)
-    else:
-        q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
-        q_out, k_out = outer_of(q, plan.q, scale_log2), outer_of(k, plan.k)
-        qv, qs, q_mean = quantize_qk(q, bm, nq_pad, multiplier=scale_log2.item(),
-                                     smooth=plan.smooth_q, outer=q_out)
-        if plan.smooth_k:
-            k_mean = token_mean_fp32(k)
-        if plan.smooth_q:  # the bias reads K's rows contiguous and in the permuted order
-            k_input = k if perm is None and k.is_contiguous() else torch.empty(
-                b, h, n, d, device=dev, dtype=k.dtype)
-        kv, ks, _ = quantize_qk(k, bn, nk_pad, mean=k_mean, gather=perm, outer=k_out,
-                                gathered=k_input if k_input is not k else None)
-        if plan.smooth_q and k_mean is None:
-            k_mean = torch.zeros(b * h, d, device=dev)
+    # Q: the scale fold, the rotation, Q smoothing, codes: one read (two with an outer scale)
+    q_out = outer_of(q, plan.q, bm, nq_pad, multiplier=scale_log2)
+    qv, qs, q_mean = launch_qk(q, bm, nq_pad, multiplier=scale_log2, smooth=plan.smooth_q,
+                               outer=q_out)
 
-    v = _last_dim_contiguous(v)
+    # K: its token mean (unrotated, from the input: the FP64 sum of 16-bit values does not
+    # depend on the order, so not on the permutation), then the gather, the rotation, the
+    # subtraction of the rotated mean, codes, and the gathered 16-bit rows for the bias
+    k_mean = k_input = mean_in = None
+    if plan.smooth_k:
+        k_mean = token_mean_fp32(k)
+        mean_in = rotate(k_mean) if rotated else k_mean
+    if plan.smooth_q:  # the bias reads K's rows contiguous and in the permuted order
+        k_input = k if perm is None and k.is_contiguous() else torch.empty(
+            b, h, n, d, device=dev, dtype=k.dtype)
+    k_out = outer_of(k, plan.k, bn, nk_pad, mean=mean_in)
+    kv, ks, _ = launch_qk(k, bn, nk_pad, mean=mean_in, gather=perm, outer=k_out,
+                          gathered=k_input if k_input is not None and k_input is not k else None)
+    if plan.smooth_q and k_mean is None:
+        k_mean = torch.zeros(b * h, d, device=dev)
+
     v_out = outer_of(v, plan.v)
     vv = torch.empty(b * h, nk_pad, d, device=dev, dtype=torch.float16)
     vs = torch.empty(b * h, nk_pad // 16, d, device=dev, dtype=torch.float16)
+    v_t = torch.empty(b * h, d, nk_pad, device=dev, dtype=torch.float16) if v_transposed else None
     demean = plan.vsmooth is not None
     v_mean = torch.empty(b * h, nk_pad // bn, d, device=dev, dtype=torch.float16) if demean else None
     _quantize_v[(nk_pad // bn, b * h)](
         v, perm if perm is not None else vs, v_out if v_out is not None else vs, vv, vs,
-        v_mean if v_mean is not None else vs, n, nk_pad, v.stride(0), v.stride(1), v.stride(2),
-        h, ROWS=bn, D=d, HAS_PERM=perm is not None, DEMEAN=demean, OUTER=v_out is not None,
+        v_mean if v_mean is not None else vs, v_t if v_t is not None else vs, n, nk_pad,
+        v.stride(0), v.stride(1), v.stride(2), h, ROWS=bn, D=d, HAS_PERM=perm is not None,
+        DEMEAN=demean, OUTER=v_out is not None, TRANSPOSED=v_t is not None,
         num_warps=NUM_WARPS, enable_fp_fusion=False)
 
     # as engine.prepare: a (batch, head) with a NaN scale has NaN V scales (the microscales
     # of the PV product's operand, and the epilogue's outer scale where there is one), and so
     # NaN V values, the microscales being in them: the emulation's codes times NaN
     poison = granularity.nonfinite_poison((b, h), qs, q_out, ks, k_out, vs, v_out).reshape(-1)
-    for x in (vv, vs):
+    for x in (vv, vs) if v_t is None else (vv, vs, v_t):
         _fill_nan[(b * h,)](x, poison, x[0].numel(), BLOCK=1024)
     if v_out is not None:
         v_out = v_out + poison
 
     bias_q = None
     if q_mean is not None:
-        bias_q = rotate(q_mean) if plan.hadamard_qk else q_mean
+        bias_q = rotate(q_mean) if rotated else q_mean
     return Nvfp4Operands(
         q=qv, q_scale=qs, k=kv, k_scale=ks, v=vv, v_scale=vs, n=n, block_m=bm, block_n=bn,
         q_outer=q_out, k_outer=k_out, v_outer=v_out, v_mean=v_mean, q_mean=q_mean,
         bias_q=None if bias_q is None else bias_q.contiguous(), k_mean=k_mean,
-        k_input=k_input, permutation=permutation)
+        k_input=k_input, permutation=permutation, v_t=v_t)
