@@ -194,26 +194,17 @@ def _token_sums(X, Sums, n, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
 
 
 @triton.jit
-def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAmax, n, n_pad,
-                 stride_b, stride_h, stride_n, H, multiplier, norm, ROWS: tl.constexpr,
-                 D: tl.constexpr, HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr,
-                 MULTIPLY: tl.constexpr, SMOOTH: tl.constexpr, OUTER: tl.constexpr,
-                 GATHER_OUT: tl.constexpr, HADAMARD: tl.constexpr = False,
-                 LOG2_D: tl.constexpr = 0, AMAX_ONLY: tl.constexpr = False):
-    """Q or K, ROWS tokens of one (batch, head), in the emulation's order: optional gather by
-    the permutation (the gathered input rows written out with GATHER_OUT, for the bias), scale
-    fold, QK Hadamard (`quantize.hadamard_rows`, the butterfly of `rotation.rotate`), token-mean
-    subtraction (K smoothing; with HADAMARD, Mean is the rotated mean: appendix B's order),
-    block-mean subtraction (Q smoothing, the mean written out); microscales along D; values.
-    With AMAX_ONLY the program writes nothing but max |x| of its rows (NaN for a non-finite
-    one) to BlockAmax: the first pass of a rotated operand's outer scale, which needs the
-    amax of the rotated tensor before any element is quantized. Quantized as (ROWS, D / 16,
-    16); the rotation's rows are loaded as (ROWS, D)."""
-    block = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
+def _qk_chunk(X, Perm, Mean, Gathered, rows, bh, n, stride_b, stride_h, stride_n, H, multiplier,
+              norm, CHUNK: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
+              HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr, GATHER_OUT: tl.constexpr,
+              HADAMARD: tl.constexpr, LOG2_D: tl.constexpr):
+    """Tokens `rows` (CHUNK of them) of Q or K as FP32 (CHUNK, D / 16, 16), in the emulation's
+    order: gather by the permutation (the gathered input rows written out with GATHER_OUT),
+    scale fold, QK Hadamard (`quantize.hadamard_rows`, the butterfly of `rotation.rotate`, on
+    (CHUNK, D) rows), token-mean subtraction (K smoothing; with HADAMARD, Mean is the rotated
+    mean: appendix B's order). Padding rows are zero (the emulation pads after rotating)."""
     b = bh // H
     h = bh % H
-    rows = block * ROWS + tl.arange(0, ROWS)
     groups = tl.arange(0, D // 16)
     cols = groups[:, None] * 16 + tl.arange(0, 16)[None, :]  # (D / 16, 16)
     valid = rows < n
@@ -232,8 +223,7 @@ def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAma
         x = x_in.to(tl.float32)
         if MULTIPLY:
             x = x * multiplier
-        # padding rows are zero and stay zero: the emulation pads after rotating
-        x = tl.reshape(hadamard_rows(x, norm, ROWS, D, LOG2_D), (ROWS, D // 16, 16))
+        x = tl.reshape(hadamard_rows(x, norm, CHUNK, D, LOG2_D), (CHUNK, D // 16, 16))
     else:
         x_in = tl.load(base + src[:, None, None] * stride_n + cols[None],
                        mask=valid[:, None, None], other=0.0)
@@ -245,66 +235,124 @@ def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAma
             x = x * multiplier
     if HAS_MEAN:
         x = tl.where(valid[:, None, None], x - tl.load(Mean + bh * D + cols)[None], 0.0)
-    if SMOOTH:
-        count = tl.minimum(n - block * ROWS, ROWS).to(tl.float64)
-        mean = (tl.sum(x.to(tl.float64), 0) / count).to(tl.float32)
-        if not AMAX_ONLY:
-            tl.store(QMean + (bh * (n_pad // ROWS) + block) * D + cols, mean)
-        x = tl.where(valid[:, None, None], x - mean[None], 0.0)
-    amax = abs_max(x, 2)
-    if AMAX_ONLY:
-        tl.store(BlockAmax + bh * (n_pad // ROWS) + block, abs_max(abs_max(amax, 1), 0))
-    else:
-        scale, values = nvfp4_values(x, amax[:, :, None], Outer, bh, OUTER)
-        tl.store(Values + bh * n_pad * D + r64[:, None, None] * D + cols[None],
-                 values.to(tl.float16))
-        tl.store(Scales + bh * n_pad * (D // 16) + r64[:, None] * (D // 16) + groups[None, :],
-                 tl.reshape(scale, (ROWS, D // 16)).to(tl.float16))
+    return x
 
 
 @triton.jit
-def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, ValuesT, n, n_pad, stride_b,
-                stride_h, stride_n, H, ROWS: tl.constexpr, D: tl.constexpr,
-                HAS_PERM: tl.constexpr, DEMEAN: tl.constexpr, OUTER: tl.constexpr,
-                TRANSPOSED: tl.constexpr = False):
-    """V, one KV tile (ROWS tokens) of one (batch, head): optional gather by the permutation,
-    V-Smooth's block mean (FP64 sum, stored FP16, the residual taken against the stored
-    value); microscales along the tokens; values. Loaded as (16, ROWS / 16, D), token 16 g + i
-    at [i, g]: the compiler lays a thread's registers along the first axis, so each group's
-    tokens sit in one thread (or two warps) and its microscale is computed once per column
-    held, not once per element as a (ROWS / 16, 16, D) tile would have it. With TRANSPOSED the
-    same values are also written to ValuesT (D, N_pad) per (batch, head), for a kernel that
-    reads V^T: a thread's 16 registers along the first axis are 16 consecutive tokens there."""
-    tile = tl.program_id(0)
+def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAmax, n, n_pad,
+                 stride_b, stride_h, stride_n, H, multiplier, norm, ROWS: tl.constexpr,
+                 CHUNK: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
+                 HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr, SMOOTH: tl.constexpr,
+                 OUTER: tl.constexpr, GATHER_OUT: tl.constexpr, HADAMARD: tl.constexpr,
+                 LOG2_D: tl.constexpr, AMAX_ONLY: tl.constexpr):
+    """Q or K, ROWS tokens of one (batch, head), CHUNK at a time (`_qk_chunk`); with SMOOTH
+    (Q smoothing, ROWS the query tile) the block's mean first, by a pass over its chunks
+    summing in FP64 (the second reads them again, from L2: a (ROWS, D) FP32 tile held whole
+    would take 128 registers a thread as FP64), written out and subtracted; microscales along
+    D; values. With AMAX_ONLY the program writes nothing but max |x| of its rows (NaN for a
+    non-finite one) to BlockAmax: the first pass of a rotated operand's outer scale, which
+    needs the amax of the rotated tensor before any element is quantized."""
+    block = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
+    groups = tl.arange(0, D // 16)
+    cols = groups[:, None] * 16 + tl.arange(0, 16)[None, :]  # (D / 16, 16)
+    if SMOOTH:
+        sums = tl.zeros((D // 16, 16), tl.float64)
+        for c in range(ROWS // CHUNK):
+            rows = block * ROWS + c * CHUNK + tl.arange(0, CHUNK)
+            x = _qk_chunk(X, Perm, Mean, Gathered, rows, bh, n, stride_b, stride_h, stride_n,
+                          H, multiplier, norm, CHUNK, D, HAS_PERM, HAS_MEAN, MULTIPLY, False,
+                          HADAMARD, LOG2_D)
+            sums += tl.sum(x.to(tl.float64), 0)
+        count = tl.minimum(n - block * ROWS, ROWS).to(tl.float64)
+        mean = (sums / count).to(tl.float32)
+        if not AMAX_ONLY:
+            tl.store(QMean + (bh * (n_pad // ROWS) + block) * D + cols, mean)
+    block_amax = tl.zeros((), tl.float32)
+    for c in range(ROWS // CHUNK):
+        rows = block * ROWS + c * CHUNK + tl.arange(0, CHUNK)
+        x = _qk_chunk(X, Perm, Mean, Gathered, rows, bh, n, stride_b, stride_h, stride_n, H,
+                      multiplier, norm, CHUNK, D, HAS_PERM, HAS_MEAN, MULTIPLY,
+                      GATHER_OUT and not AMAX_ONLY, HADAMARD, LOG2_D)
+        if SMOOTH:
+            x = tl.where((rows < n)[:, None, None], x - mean[None], 0.0)
+        amax = abs_max(x, 2)
+        if AMAX_ONLY:
+            block_amax = tl.maximum(block_amax, abs_max(abs_max(amax, 1), 0),
+                                    propagate_nan=tl.PropagateNan.ALL)
+        else:
+            scale, values = nvfp4_values(x, amax[:, :, None], Outer, bh, OUTER)
+            r64 = rows.to(tl.int64)
+            tl.store(Values + bh * n_pad * D + r64[:, None, None] * D + cols[None],
+                     values.to(tl.float16))
+            tl.store(Scales + bh * n_pad * (D // 16) + r64[:, None] * (D // 16) + groups[None, :],
+                     tl.reshape(scale, (CHUNK, D // 16)).to(tl.float16))
+    if AMAX_ONLY:
+        tl.store(BlockAmax + bh * (n_pad // ROWS) + block, block_amax)
+
+
+@triton.jit
+def _v_chunk(X, Perm, tile_row, bh, n, stride_b, stride_h, stride_n, H, CHUNK: tl.constexpr,
+             D: tl.constexpr, HAS_PERM: tl.constexpr):
+    """Tokens tile_row .. + CHUNK of V as FP32 (16, CHUNK / 16, D), token tile_row + 16 g + i
+    at [i, g], gathered by the permutation; padding rows zero. Returns (x, rows)."""
     b = bh // H
     h = bh % H
-    groups = tl.arange(0, ROWS // 16)
-    rows = tile * ROWS + groups[None, :] * 16 + tl.arange(0, 16)[:, None]  # (16, ROWS / 16)
-    cols = tl.arange(0, D)
+    rows = tile_row + tl.arange(0, CHUNK // 16)[None, :] * 16 + tl.arange(0, 16)[:, None]
     valid = rows < n
     src = rows.to(tl.int64)
     if HAS_PERM:
         src = tl.load(Perm + bh * n + rows, mask=valid, other=0).to(tl.int64)
+    cols = tl.arange(0, D)
     x = tl.load(X + b * stride_b + h * stride_h + src[:, :, None] * stride_n + cols[None, None, :],
                 mask=valid[:, :, None], other=0.0).to(tl.float32)
+    return x, rows
+
+
+@triton.jit
+def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, ValuesT, n, n_pad, stride_b,
+                stride_h, stride_n, H, ROWS: tl.constexpr, CHUNK: tl.constexpr, D: tl.constexpr,
+                HAS_PERM: tl.constexpr, DEMEAN: tl.constexpr, OUTER: tl.constexpr,
+                TRANSPOSED: tl.constexpr):
+    """V, ROWS tokens of one (batch, head), CHUNK at a time (`_v_chunk`): with DEMEAN (ROWS the
+    KV tile) V-Smooth's block mean first, by a pass over the chunks summing in FP64 (exact for
+    16-bit inputs, so in any order), stored FP16, the residual taken against the stored value
+    as the second pass reads the chunks again (from L2); microscales along the tokens; values.
+    Loaded as (16, CHUNK / 16, D): the compiler lays a thread's registers along the first
+    axis, so each group's tokens sit in one thread (or two warps) and its microscale is
+    computed once per column held, not once per element as a (CHUNK / 16, 16, D) tile would
+    have it. With TRANSPOSED the same values are also written to ValuesT (D, N_pad) per
+    (batch, head), for a kernel that reads V^T: there a thread's 16 registers along the first
+    axis are 16 consecutive tokens."""
+    tile = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    cols = tl.arange(0, D)
     if DEMEAN:
+        sums = tl.zeros((D,), tl.float64)
+        for c in range(ROWS // CHUNK):
+            x, rows = _v_chunk(X, Perm, tile * ROWS + c * CHUNK, bh, n, stride_b, stride_h,
+                               stride_n, H, CHUNK, D, HAS_PERM)
+            sums += tl.sum(tl.sum(x.to(tl.float64), 0), 0)
         count = tl.minimum(n - tile * ROWS, ROWS).to(tl.float64)
-        mean = (tl.sum(tl.sum(x.to(tl.float64), 0), 0) / count).to(tl.float32)
+        mean = (sums / count).to(tl.float32)
         stored = tl.clamp(mean, -65504.0, 65504.0, propagate_nan=tl.PropagateNan.ALL)
         stored = stored.to(tl.float16)
         tl.store(StoredMeans + (bh * (n_pad // ROWS) + tile) * D + cols, stored)
-        x = tl.where(valid[:, :, None], x - stored.to(tl.float32)[None, None, :], 0.0)
-    scale, values = nvfp4_values(x, abs_max(x, 0)[None, :, :], Outer, bh, OUTER)
-    r64 = rows.to(tl.int64)
-    values = values.to(tl.float16)
-    tl.store(Values + bh * n_pad * D + r64[:, :, None] * D + cols[None, None, :], values)
-    if TRANSPOSED:
-        tl.store(ValuesT + bh * D * n_pad + cols.to(tl.int64)[None, None, :] * n_pad
-                 + r64[:, :, None], values)
-    scale_rows = (tile * (ROWS // 16) + groups).to(tl.int64)
-    tl.store(Scales + bh * (n_pad // 16) * D + scale_rows[:, None] * D + cols[None, :],
-             tl.reshape(scale, (ROWS // 16, D)).to(tl.float16))
+    for c in range(ROWS // CHUNK):
+        x, rows = _v_chunk(X, Perm, tile * ROWS + c * CHUNK, bh, n, stride_b, stride_h,
+                           stride_n, H, CHUNK, D, HAS_PERM)
+        if DEMEAN:
+            x = tl.where((rows < n)[:, :, None], x - stored.to(tl.float32)[None, None, :], 0.0)
+        scale, values = nvfp4_values(x, abs_max(x, 0)[None, :, :], Outer, bh, OUTER)
+        r64 = rows.to(tl.int64)
+        values = values.to(tl.float16)
+        tl.store(Values + bh * n_pad * D + r64[:, :, None] * D + cols[None, None, :], values)
+        if TRANSPOSED:
+            tl.store(ValuesT + bh * D * n_pad + cols.to(tl.int64)[None, None, :] * n_pad
+                     + r64[:, :, None], values)
+        scale_rows = ((tile * ROWS + c * CHUNK) // 16 + tl.arange(0, CHUNK // 16)).to(tl.int64)
+        tl.store(Scales + bh * (n_pad // 16) * D + scale_rows[:, None] * D + cols[None, :],
+                 tl.reshape(scale, (CHUNK // 16, D)).to(tl.float16))
 
 
 @triton.jit
@@ -327,6 +375,13 @@ def _fill_nan(X, Poison, per_head, BLOCK: tl.constexpr):
 OUTER_DIVISOR = 448.0 * 6.0  # E4M3 max x E2M1 max: what a two-level scale divides the amax by
 # 128 x 128 elements a program: 64 a thread (as FP64 for the block means, 128 registers)
 NUM_WARPS = 8
+# The Q/K quantizer's step: 32 rows (32 x 128 elements, 32 a thread on 4 warps), small enough
+# for the butterfly's temporaries to stay in registers and for many programs to keep loads in
+# flight; Q smoothing's programs loop over the query tile in these steps.
+QK_CHUNK = 32
+QK_WARPS = 4
+V_CHUNK = 32  # V's step likewise (two microscale groups of 16 tokens)
+V_WARPS = 4
 
 
 @dataclass
@@ -408,14 +463,16 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     perm = None if permutation is None else permutation.to(dev, torch.int32).contiguous()
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
 
-    def launch_qk(x, rows, n_pad, *, multiplier=None, mean=None, gather=None, smooth=False,
+    def launch_qk(x, n_pad, *, multiplier=None, mean=None, gather=None, smooth=False,
                   outer=None, gathered=None, block_amax=None):
         values = scales = q_mean = None
         if block_amax is None:
             values = torch.empty(b * h, n_pad, d, device=dev, dtype=torch.float16)
             scales = torch.empty(b * h, n_pad, d // 16, device=dev, dtype=torch.float16)
             if smooth:
-                q_mean = torch.empty(b * h, n_pad // rows, d, device=dev, dtype=torch.float32)
+                q_mean = torch.empty(b * h, n_pad // bm, d, device=dev, dtype=torch.float32)
+        # a program quantizes QK_CHUNK rows a step: bm rows (its mean's block) with smoothing
+        rows = bm if smooth else QK_CHUNK
         spare = x  # any pointer, for the arguments a switch leaves unread
 
         def ptr(t):
@@ -423,23 +480,25 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
         _quantize_qk[(n_pad // rows, b * h)](
             x, ptr(gather), ptr(mean), ptr(outer), ptr(values), ptr(scales), ptr(q_mean),
             ptr(gathered), ptr(block_amax), n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,
-            float(multiplier) if multiplier is not None else 1.0, norm, ROWS=rows, D=d,
+            float(multiplier) if multiplier is not None else 1.0, norm, ROWS=rows,
+            CHUNK=QK_CHUNK, D=d,
             HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
             MULTIPLY=multiplier is not None, SMOOTH=smooth, OUTER=outer is not None,
             GATHER_OUT=gathered is not None, HADAMARD=rotated, LOG2_D=d.bit_length() - 1,
-            AMAX_ONLY=block_amax is not None, num_warps=NUM_WARPS, enable_fp_fusion=False)
+            AMAX_ONLY=block_amax is not None, num_warps=QK_WARPS, enable_fp_fusion=False)
         return values, scales, q_mean
 
-    def outer_of(x, quantizer, rows=None, n_pad=None, multiplier=None, **qk):
+    def outer_of(x, quantizer, n_pad=None, multiplier=None, **qk):
         """The outer scale of `quantizer` on x (times `multiplier`, rotated when Q and K are:
-        `rows` and `n_pad` are then the quantizer's tiles), or None."""
+        `n_pad` is then the quantizer's padded length), or None."""
         if not quantizer.granularity.global_scale:
             return None
-        if rotated and rows is not None:
+        if rotated and n_pad is not None:
             # the amax of the rotated tensor, before any element is quantized: a first pass
-            # that writes one amax per block (exact: a max does not round)
+            # that writes one amax per program (exact: a max does not round)
+            rows = bm if qk.get("smooth") else QK_CHUNK
             block_amax = torch.empty(b * h, n_pad // rows, device=dev, dtype=torch.float32)
-            launch_qk(x, rows, n_pad, multiplier=multiplier, block_amax=block_amax, **qk)
+            launch_qk(x, n_pad, multiplier=multiplier, block_amax=block_amax, **qk)
             return _outer(block_amax.amax(1))
         # max |x| in one read (x.abs() would write a copy first); exact in any dtype, NaN
         # propagated; an infinity made NaN, as `granularity.abs_max` does
@@ -457,8 +516,8 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
         return (sums / n).float()
 
     # Q: the scale fold, the rotation, Q smoothing, codes: one read (two with an outer scale)
-    q_out = outer_of(q, plan.q, bm, nq_pad, multiplier=scale_log2)
-    qv, qs, q_mean = launch_qk(q, bm, nq_pad, multiplier=scale_log2, smooth=plan.smooth_q,
+    q_out = outer_of(q, plan.q, nq_pad, multiplier=scale_log2)
+    qv, qs, q_mean = launch_qk(q, nq_pad, multiplier=scale_log2, smooth=plan.smooth_q,
                                outer=q_out)
 
     # K: its token mean (unrotated, from the input: the FP64 sum of 16-bit values does not
@@ -471,8 +530,8 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     if plan.smooth_q:  # the bias reads K's rows contiguous and in the permuted order
         k_input = k if perm is None and k.is_contiguous() else torch.empty(
             b, h, n, d, device=dev, dtype=k.dtype)
-    k_out = outer_of(k, plan.k, bn, nk_pad, mean=mean_in)
-    kv, ks, _ = launch_qk(k, bn, nk_pad, mean=mean_in, gather=perm, outer=k_out,
+    k_out = outer_of(k, plan.k, nk_pad, mean=mean_in)
+    kv, ks, _ = launch_qk(k, nk_pad, mean=mean_in, gather=perm, outer=k_out,
                           gathered=k_input if k_input is not None and k_input is not k else None)
     if plan.smooth_q and k_mean is None:
         k_mean = torch.zeros(b * h, d, device=dev)
@@ -483,12 +542,13 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     v_t = torch.empty(b * h, d, nk_pad, device=dev, dtype=torch.float16) if v_transposed else None
     demean = plan.vsmooth is not None
     v_mean = torch.empty(b * h, nk_pad // bn, d, device=dev, dtype=torch.float16) if demean else None
-    _quantize_v[(nk_pad // bn, b * h)](
+    v_rows = bn if demean else V_CHUNK  # a program's tokens: the KV tile for its block mean
+    _quantize_v[(nk_pad // v_rows, b * h)](
         v, perm if perm is not None else vs, v_out if v_out is not None else vs, vv, vs,
         v_mean if v_mean is not None else vs, v_t if v_t is not None else vs, n, nk_pad,
-        v.stride(0), v.stride(1), v.stride(2), h, ROWS=bn, D=d, HAS_PERM=perm is not None,
-        DEMEAN=demean, OUTER=v_out is not None, TRANSPOSED=v_t is not None,
-        num_warps=NUM_WARPS, enable_fp_fusion=False)
+        v.stride(0), v.stride(1), v.stride(2), h, ROWS=v_rows, CHUNK=V_CHUNK, D=d,
+        HAS_PERM=perm is not None, DEMEAN=demean, OUTER=v_out is not None,
+        TRANSPOSED=v_t is not None, num_warps=V_WARPS, enable_fp_fusion=False)
 
     # as engine.prepare: a (batch, head) with a NaN scale has NaN V scales (the microscales
     # of the PV product's operand, and the epilogue's outer scale where there is one), and so
