@@ -124,3 +124,16 @@ else:
         clean = torch.ones(b * h, dtype=torch.bool)
         clean[poisoned] = False
         assert not ops.v[clean].isnan().any() and not ops.v_t[clean].isnan().any()
+
+    @pytest.mark.parametrize("steps", [(16, 2, 64, 4), (64, 8, 16, 4)])
+    def test_the_quantizers_step_sizes_do_not_change_a_bit(steps, monkeypatch):
+        """QK_CHUNK, QK_WARPS, V_CHUNK, V_WARPS (the GPU benchmark sweeps them)."""
+        for name, value in zip(("QK_CHUNK", "QK_WARPS", "V_CHUNK", "V_WARPS"), steps, strict=True):
+            monkeypatch.setattr(nvfp4, name, value)
+        for method, extra in [("vc-4bit", {}), ("attnqat-tf+hadamard", {})]:
+            q, k, v = inputs(1, 2, 150, 64, "hnd", "extreme bf16", seed=5000)
+            plan = plan_of(method, extra)
+            perm = permutation(1, 2, 150, 5000) if plan.vsmooth is not None else None
+            diff, _, _ = all_differences(q, k, v, plan, perm)
+            wrong = {what: count for what, count in diff.items() if count != 0}
+            assert not wrong, f"{method}: differing elements (-1: missing): {wrong}"
