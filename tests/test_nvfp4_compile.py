@@ -33,7 +33,7 @@ POINTERS = {  # argument name -> element type, as prepare / launch pass them
     "Vs": "fp16", "Scales": "fp16", "VM": "fp16", "StoredMeans": "fp16", "QO": "fp32",
     "KO": "fp32", "VO": "fp32", "BiasQ": "fp32", "KMean": "fp32", "Mean": "fp32",
     "Outer": "fp32", "QMean": "fp32", "KIn": "bf16", "X": "bf16", "Gathered": "bf16",
-    "Sums": "fp64", "Perm": "i32", "Out": "bf16", "BlockAmax": "fp32", "ValuesT": "fp16"}
+    "Sums": "fp64", "Perm": "i32", "Out": "bf16", "BlockAmax": "fp32", "ValuesT": "fp16", "Bad": "i32"}
 
 
 # Integer arguments at the Wan2.2 shape (B1 H40 N75600 D128, HND): a launch specializes every

@@ -46,7 +46,6 @@ import triton
 import triton.language as tl
 
 from vcbench.kernels.backends.triton.quantize import abs_max, hadamard_norm, hadamard_rows
-from vcbench.kernels.spec import granularity
 
 MAGIC_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + M) - M is y rounded half to even, |y| < 2^22
 MAGIC_MANTISSA = tl.constexpr(0x400000)  # the mantissa bits of 1.5 * 2^k
@@ -194,6 +193,15 @@ def _token_sums(X, Sums, n, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
 
 
 @triton.jit
+def _flag_nan(Bad, bh, scale):
+    """Bad[bh] |= 1 where a microscale of this step is NaN (a group with a non-finite value;
+    a microscale is never infinite: it saturates at 448): what `granularity.nonfinite_poison`
+    reads off the scales, without a pass over them. The atomic is masked off, so no memory
+    is touched, in every program of finite input."""
+    tl.atomic_or(Bad + bh, 1, mask=tl.sum((scale != scale).to(tl.int32)) > 0, sem="relaxed")
+
+
+@triton.jit
 def _qk_chunk(X, Perm, Mean, Gathered, rows, bh, n, stride_b, stride_h, stride_n, H, multiplier,
               norm, CHUNK: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
               HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr, GATHER_OUT: tl.constexpr,
@@ -239,7 +247,7 @@ def _qk_chunk(X, Perm, Mean, Gathered, rows, bh, n, stride_b, stride_h, stride_n
 
 
 @triton.jit
-def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAmax, n, n_pad,
+def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAmax, Bad, n, n_pad,
                  stride_b, stride_h, stride_n, H, multiplier, norm, ROWS: tl.constexpr,
                  CHUNK: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
                  HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr, SMOOTH: tl.constexpr,
@@ -251,7 +259,8 @@ def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAma
     would take 128 registers a thread as FP64), written out and subtracted; microscales along
     D; values. With AMAX_ONLY the program writes nothing but max |x| of its rows (NaN for a
     non-finite one) to BlockAmax: the first pass of a rotated operand's outer scale, which
-    needs the amax of the rotated tensor before any element is quantized."""
+    needs the amax of the rotated tensor before any element is quantized. A program that
+    leaves a NaN microscale sets its (batch, head)'s flag in Bad (`_flag_nan`)."""
     block = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     groups = tl.arange(0, D // 16)
@@ -287,6 +296,7 @@ def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAma
                      values.to(tl.float16))
             tl.store(Scales + bh * n_pad * (D // 16) + r64[:, None] * (D // 16) + groups[None, :],
                      tl.reshape(scale, (CHUNK, D // 16)).to(tl.float16))
+            _flag_nan(Bad, bh, scale)
     if AMAX_ONLY:
         tl.store(BlockAmax + bh * (n_pad // ROWS) + block, block_amax)
 
@@ -310,7 +320,7 @@ def _v_chunk(X, Perm, tile_row, bh, n, stride_b, stride_h, stride_n, H, CHUNK: t
 
 
 @triton.jit
-def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, ValuesT, n, n_pad, stride_b,
+def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, ValuesT, Bad, n, n_pad, stride_b,
                 stride_h, stride_n, H, ROWS: tl.constexpr, CHUNK: tl.constexpr, D: tl.constexpr,
                 HAS_PERM: tl.constexpr, DEMEAN: tl.constexpr, OUTER: tl.constexpr,
                 TRANSPOSED: tl.constexpr):
@@ -323,7 +333,7 @@ def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, ValuesT, n, n_pad, 
     computed once per column held, not once per element as a (CHUNK / 16, 16, D) tile would
     have it. With TRANSPOSED the same values are also written to ValuesT (D, N_pad) per
     (batch, head), for a kernel that reads V^T: there a thread's 16 registers along the first
-    axis are 16 consecutive tokens."""
+    axis are 16 consecutive tokens. NaN microscales flagged in Bad, as the Q/K quantizer's."""
     tile = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     cols = tl.arange(0, D)
@@ -353,6 +363,7 @@ def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, ValuesT, n, n_pad, 
         scale_rows = ((tile * ROWS + c * CHUNK) // 16 + tl.arange(0, CHUNK // 16)).to(tl.int64)
         tl.store(Scales + bh * (n_pad // 16) * D + scale_rows[:, None] * D + cols[None, :],
                  tl.reshape(scale, (CHUNK // 16, D)).to(tl.float16))
+        _flag_nan(Bad, bh, scale)
 
 
 @triton.jit
@@ -479,7 +490,7 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
             return spare if t is None else t
         _quantize_qk[(n_pad // rows, b * h)](
             x, ptr(gather), ptr(mean), ptr(outer), ptr(values), ptr(scales), ptr(q_mean),
-            ptr(gathered), ptr(block_amax), n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,
+            ptr(gathered), ptr(block_amax), bad, n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,
             float(multiplier) if multiplier is not None else 1.0, norm, ROWS=rows,
             CHUNK=QK_CHUNK, D=d,
             HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
@@ -515,6 +526,9 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
             num_warps=NUM_WARPS)
         return (sums / n).float()
 
+    # 1 for a (batch, head) left with a NaN microscale, set by the quantizers (`_flag_nan`)
+    bad = torch.zeros(b * h, device=dev, dtype=torch.int32)
+
     # Q: the scale fold, the rotation, Q smoothing, codes: one read (two with an outer scale)
     q_out = outer_of(q, plan.q, nq_pad, multiplier=scale_log2)
     qv, qs, q_mean = launch_qk(q, nq_pad, multiplier=scale_log2, smooth=plan.smooth_q,
@@ -545,7 +559,7 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     v_rows = bn if demean else V_CHUNK  # a program's tokens: the KV tile for its block mean
     _quantize_v[(nk_pad // v_rows, b * h)](
         v, perm if perm is not None else vs, v_out if v_out is not None else vs, vv, vs,
-        v_mean if v_mean is not None else vs, v_t if v_t is not None else vs, n, nk_pad,
+        v_mean if v_mean is not None else vs, v_t if v_t is not None else vs, bad, n, nk_pad,
         v.stride(0), v.stride(1), v.stride(2), h, ROWS=v_rows, CHUNK=V_CHUNK, D=d,
         HAS_PERM=perm is not None, DEMEAN=demean, OUTER=v_out is not None,
         TRANSPOSED=v_t is not None, num_warps=V_WARPS, enable_fp_fusion=False)
@@ -553,7 +567,13 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     # as engine.prepare: a (batch, head) with a NaN scale has NaN V scales (the microscales
     # of the PV product's operand, and the epilogue's outer scale where there is one), and so
     # NaN V values, the microscales being in them: the emulation's codes times NaN
-    poison = granularity.nonfinite_poison((b, h), qs, q_out, ks, k_out, vs, v_out).reshape(-1)
+    # NaN microscales flagged by the quantizers; an outer scale is NaN only where all of its
+    # microscales are, but it is checked as the emulation checks it (one number a head)
+    bad = bad != 0
+    for outer in (q_out, k_out, v_out):
+        if outer is not None:
+            bad |= ~torch.isfinite(outer)
+    poison = torch.where(bad, float("nan"), torch.zeros(b * h, device=dev))
     for x in (vv, vs) if v_t is None else (vv, vs, v_t):
         _fill_nan[(b * h,)](x, poison, x[0].numel(), BLOCK=1024)
     if v_out is not None:
