@@ -13,15 +13,23 @@ scale per (batch, head)), written in the layout `nvfp4_attention.py` reads:
     V means      fp16 (B*H, N_pad / block_n, D): V-Smooth's stored block means (unscaled)
     Q means      fp32 (B*H, N_pad / block_m, D): Q smoothing's block means, for the bias
     outer scales fp32 (B*H,): the two-level scale of an operand that has one
+    V^T values   fp16 (B*H, D, N_pad), with `v_transposed`: V's values, for a kernel that
+                 reads V^T (written by the V quantizer beside V's, no pass of its own)
 
 The codes themselves are the values over their microscales, exactly (`Nvfp4Operands.codes`).
 Dequantized here, once a call, rather than in the attention kernel: there every K and V tile
 would be dequantized again by each of the N / block_m programs that read it, and the codes'
 loads could not stream into shared memory as FP16 tiles do.
 
-One pass over each input: Q (gather-free: the scale fold, Q smoothing's block means, codes), K
-(its token mean by one more read, then gather, mean subtraction, codes, and for Q smoothing
-the gathered 16-bit rows the bias reads), V (gather, V-Smooth's block means, codes). Roundings
+One pass over each input, in the emulation's order: Q (gather-free: the scale fold, the QK
+Hadamard, Q smoothing's block means, codes), K (its token mean by one more read, then gather,
+rotation, subtraction of the rotated mean, codes, and for Q smoothing the gathered 16-bit
+rows the bias reads), V (gather, V-Smooth's block means, codes). The rotation is the 8-bit
+quantizers' butterfly (`quantize.hadamard_rows`), the same IEEE operations in the same order
+as `rotation.rotate`. An outer scale reads its operand once more first (its amax; for a
+rotated operand, of the rotation, by the quantizer's own code writing one amax a program).
+Programs step through 32 rows at a time (a tile's mean, where one is needed, by a first loop
+over the steps), which keeps the butterfly in registers and many loads in flight. Roundings
 are done in integer and float arithmetic with explicit ties-to-even (the magic-number add),
 never by a conversion, so the codes do not depend on how a compiler lowers a cast; the
 division by the scale is the correctly rounded quotient (Markstein's correction, below); block
@@ -31,8 +39,9 @@ otherwise become one FMA, rounded once where the emulation rounds twice.
 
 Non-finite input, as the emulation's: a group holding a NaN or an infinity has a NaN
 microscale, NaN values and zero codes (`quantize.abs_max`), and a (batch, head) with a NaN
-scale anywhere has NaN V values and V scales (`granularity.nonfinite_poison`), so its output
-is NaN and every other (batch, head)'s is unchanged.
+scale anywhere has NaN V values and V scales (`granularity.nonfinite_poison`; the quantizers
+flag their NaN microscales as they write them), so its output is NaN and every other (batch,
+head)'s is unchanged.
 """
 
 from __future__ import annotations
