@@ -7,7 +7,8 @@ multiple of the tiles, a given permutation, channel and token outliers ("extreme
 blocks, saturating and subnormal microscales), NHD strides; a NaN or an infinity in one
 (batch, head) with the rotation on. And `v_transposed`: v_t is v transposed, NaN heads too.
 
-The attention kernel is not run here (tests/test_nvfp4_interpreter.py does): these cases stay
+On a GPU, the compiled kernels against the emulation on CUDA tensors (the comparison of
+benchmarks/checks/nvfp4_prep_time.py). The attention kernel is not run here (tests/test_nvfp4_interpreter.py does): these cases stay
 small so the interpreter takes seconds a case.
 """
 
@@ -39,8 +40,24 @@ def case_id(case):
 
 
 if not INTERPRETED:  # the driver: the checks below run in an interpreted subprocess
+    import sys
+    from pathlib import Path
+
+    from vcbench.kernels import backends
+
     def test_nvfp4_prepare_under_the_interpreter():
         rerun_interpreted(__file__, timeout=1500)
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "checks"))
+    from nvfp4_prep_time import PLANS, check  # noqa: E402
+
+    @pytest.mark.gpu
+    @pytest.mark.skipif(not backends.triton_ready(), reason="needs a CUDA GPU (sm_90+) and Triton")
+    @pytest.mark.parametrize("label", list(PLANS))
+    def test_compiled_prepare_is_the_emulations_bit_for_bit(label):
+        """The compiled kernels (Markstein's divisions, the GPU's layouts) on CUDA tensors, a
+        NaN in K included: the device check's own comparison."""
+        assert check(label) == 0
 
 else:
     import torch
