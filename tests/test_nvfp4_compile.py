@@ -33,7 +33,7 @@ POINTERS = {  # argument name -> element type, as prepare / launch pass them
     "Vs": "fp16", "Scales": "fp16", "VM": "fp16", "StoredMeans": "fp16", "QO": "fp32",
     "KO": "fp32", "VO": "fp32", "BiasQ": "fp32", "KMean": "fp32", "Mean": "fp32",
     "Outer": "fp32", "QMean": "fp32", "KIn": "bf16", "X": "bf16", "Gathered": "bf16",
-    "Sums": "fp64", "Perm": "i32", "Out": "bf16"}
+    "Sums": "fp64", "Perm": "i32", "Out": "bf16", "BlockAmax": "fp32", "ValuesT": "fp16", "Bad": "i32"}
 
 
 # Integer arguments at the Wan2.2 shape (B1 H40 N75600 D128, HND): a launch specializes every
@@ -54,7 +54,7 @@ def compile_for_sm90(kernel, constexprs, **options):
         if name in POINTERS:
             signature[name] = "*" + POINTERS[name]
         else:
-            signature[name] = "fp32" if name == "multiplier" else "i32"
+            signature[name] = "fp32" if name in ("multiplier", "norm") else "i32"
         if name in POINTERS or WAN22_INTS.get(name, 1) % 16 == 0:
             attrs[(i,)] = [["tt.divisibility", 16]]
     return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs,
@@ -109,15 +109,37 @@ def test_attention_kernel_uses_wgmma_and_does_not_spill(variant, tmp_path):
     assert (used["STACK"], used["LOCAL"], used["LDL/STL"]) == (0, 0, 0), used
 
 
+QK_PLAIN = dict(HADAMARD=False, LOG2_D=0, AMAX_ONLY=False)
+QK_ROTATED = dict(HADAMARD=True, LOG2_D=7, AMAX_ONLY=False)
+SMOOTH_TILE = dict(ROWS=128, CHUNK=nvfp4.QK_CHUNK)  # Q smoothing: the query tile, in steps
+STEP = dict(ROWS=nvfp4.QK_CHUNK, CHUNK=nvfp4.QK_CHUNK)
+
+
 @pytest.mark.parametrize("kernel,constexprs", [
-    ("_quantize_qk", dict(HAS_PERM=True, HAS_MEAN=True, MULTIPLY=True, SMOOTH=True, OUTER=True,
-                          GATHER_OUT=True)),
-    ("_quantize_v", dict(HAS_PERM=True, DEMEAN=True, OUTER=False)),
-    ("_quantize_v", dict(HAS_PERM=False, DEMEAN=False, OUTER=True)),
-    ("_token_sums", {}),
-], ids=["qk", "v-vsmooth", "v-outer", "token-sums"])
+    ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=True,
+                          OUTER=False, GATHER_OUT=False, **QK_PLAIN, **SMOOTH_TILE)),
+    ("_quantize_qk", dict(HAS_PERM=True, HAS_MEAN=True, MULTIPLY=False, SMOOTH=False,
+                          OUTER=False, GATHER_OUT=True, **QK_PLAIN, **STEP)),
+    ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=False,
+                          OUTER=True, GATHER_OUT=False, **QK_PLAIN, **STEP)),
+    ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=True,
+                          OUTER=False, GATHER_OUT=False, **QK_ROTATED, **SMOOTH_TILE)),
+    ("_quantize_qk", dict(HAS_PERM=True, HAS_MEAN=True, MULTIPLY=False, SMOOTH=False,
+                          OUTER=False, GATHER_OUT=True, **QK_ROTATED, **STEP)),
+    ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=False,
+                          OUTER=False, GATHER_OUT=False, **{**QK_ROTATED, "AMAX_ONLY": True},
+                          **STEP)),
+    ("_quantize_v", dict(HAS_PERM=True, DEMEAN=True, OUTER=False, TRANSPOSED=True, ROWS=128,
+                         CHUNK=nvfp4.V_CHUNK)),
+    ("_quantize_v", dict(HAS_PERM=False, DEMEAN=False, OUTER=True, TRANSPOSED=False,
+                         ROWS=nvfp4.V_CHUNK, CHUNK=nvfp4.V_CHUNK)),
+    ("_token_sums", dict(ROWS=128)),
+], ids=["q-smooth", "k-smooth", "qk-outer", "q-rotated", "k-rotated", "amax-rotated",
+        "v-vsmooth-transposed", "v-outer", "token-sums"])
 def test_preprocessing_kernels_compile_without_spills(kernel, constexprs, tmp_path):
-    compiled = compile_for_sm90(getattr(nvfp4, kernel), {**constexprs, "ROWS": 128, "D": 128},
-                                num_warps=nvfp4.NUM_WARPS, enable_fp_fusion=False)
+    warps = {"_quantize_qk": nvfp4.QK_WARPS, "_quantize_v": nvfp4.V_WARPS}
+    compiled = compile_for_sm90(getattr(nvfp4, kernel), {**constexprs, "D": 128},
+                                num_warps=warps.get(kernel, nvfp4.NUM_WARPS),
+                                enable_fp_fusion=False)
     used = resources(compiled, tmp_path)
     assert (used["STACK"], used["LOCAL"], used["LDL/STL"]) == (0, 0, 0), used

@@ -13,15 +13,23 @@ scale per (batch, head)), written in the layout `nvfp4_attention.py` reads:
     V means      fp16 (B*H, N_pad / block_n, D): V-Smooth's stored block means (unscaled)
     Q means      fp32 (B*H, N_pad / block_m, D): Q smoothing's block means, for the bias
     outer scales fp32 (B*H,): the two-level scale of an operand that has one
+    V^T values   fp16 (B*H, D, N_pad), with `v_transposed`: V's values, for a kernel that
+                 reads V^T (written by the V quantizer beside V's, no pass of its own)
 
 The codes themselves are the values over their microscales, exactly (`Nvfp4Operands.codes`).
 Dequantized here, once a call, rather than in the attention kernel: there every K and V tile
 would be dequantized again by each of the N / block_m programs that read it, and the codes'
 loads could not stream into shared memory as FP16 tiles do.
 
-One pass over each input: Q (gather-free: the scale fold, Q smoothing's block means, codes), K
-(its token mean by one more read, then gather, mean subtraction, codes, and for Q smoothing
-the gathered 16-bit rows the bias reads), V (gather, V-Smooth's block means, codes). Roundings
+One pass over each input, in the emulation's order: Q (gather-free: the scale fold, the QK
+Hadamard, Q smoothing's block means, codes), K (its token mean by one more read, then gather,
+rotation, subtraction of the rotated mean, codes, and for Q smoothing the gathered 16-bit
+rows the bias reads), V (gather, V-Smooth's block means, codes). The rotation is the 8-bit
+quantizers' butterfly (`quantize.hadamard_rows`), the same IEEE operations in the same order
+as `rotation.rotate`. An outer scale reads its operand once more first (its amax; for a
+rotated operand, of the rotation, by the quantizer's own code writing one amax a program).
+Programs step through 32 rows at a time (a tile's mean, where one is needed, by a first loop
+over the steps), which keeps the butterfly in registers and many loads in flight. Roundings
 are done in integer and float arithmetic with explicit ties-to-even (the magic-number add),
 never by a conversion, so the codes do not depend on how a compiler lowers a cast; the
 division by the scale is the correctly rounded quotient (Markstein's correction, below); block
@@ -31,8 +39,9 @@ otherwise become one FMA, rounded once where the emulation rounds twice.
 
 Non-finite input, as the emulation's: a group holding a NaN or an infinity has a NaN
 microscale, NaN values and zero codes (`quantize.abs_max`), and a (batch, head) with a NaN
-scale anywhere has NaN V values and V scales (`granularity.nonfinite_poison`), so its output
-is NaN and every other (batch, head)'s is unchanged.
+scale anywhere has NaN V values and V scales (`granularity.nonfinite_poison`; the quantizers
+flag their NaN microscales as they write them), so its output is NaN and every other (batch,
+head)'s is unchanged.
 """
 
 from __future__ import annotations
@@ -45,8 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vcbench.kernels.backends.triton.quantize import abs_max
-from vcbench.kernels.spec import granularity
+from vcbench.kernels.backends.triton.quantize import abs_max, hadamard_norm, hadamard_rows
 
 MAGIC_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + M) - M is y rounded half to even, |y| < 2^22
 MAGIC_MANTISSA = tl.constexpr(0x400000)  # the mantissa bits of 1.5 * 2^k
@@ -194,85 +202,177 @@ def _token_sums(X, Sums, n, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
 
 
 @triton.jit
-def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, n, n_pad, stride_b,
-                 stride_h, stride_n, H, multiplier, ROWS: tl.constexpr, D: tl.constexpr,
-                 HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr,
-                 SMOOTH: tl.constexpr, OUTER: tl.constexpr, GATHER_OUT: tl.constexpr):
-    """Q or K, ROWS tokens of one (batch, head): optional gather by the permutation (the
-    gathered input rows written out with GATHER_OUT, for the bias), scale fold, token-mean
-    subtraction (K smoothing), block-mean
-    subtraction (Q smoothing, the mean written out); microscales along D; values. Loaded as
-    (ROWS, D / 16, 16)."""
-    block = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
+def _flag_nan(Bad, bh, scale):
+    """Bad[bh] |= 1 where a microscale of this step is NaN (a group with a non-finite value;
+    a microscale is never infinite: it saturates at 448): what `granularity.nonfinite_poison`
+    reads off the scales, without a pass over them. The atomic is masked off, so no memory
+    is touched, in every program of finite input."""
+    tl.atomic_or(Bad + bh, 1, mask=tl.sum((scale != scale).to(tl.int32)) > 0, sem="relaxed")
+
+
+@triton.jit
+def _qk_chunk(X, Perm, Mean, Gathered, rows, bh, n, stride_b, stride_h, stride_n, H, multiplier,
+              norm, CHUNK: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
+              HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr, GATHER_OUT: tl.constexpr,
+              HADAMARD: tl.constexpr, LOG2_D: tl.constexpr):
+    """Tokens `rows` (CHUNK of them) of Q or K as FP32 (CHUNK, D / 16, 16), in the emulation's
+    order: gather by the permutation (the gathered input rows written out with GATHER_OUT),
+    scale fold, QK Hadamard (`quantize.hadamard_rows`, the butterfly of `rotation.rotate`, on
+    (CHUNK, D) rows), token-mean subtraction (K smoothing; with HADAMARD, Mean is the rotated
+    mean: appendix B's order). Padding rows are zero (the emulation pads after rotating)."""
     b = bh // H
     h = bh % H
-    rows = block * ROWS + tl.arange(0, ROWS)
     groups = tl.arange(0, D // 16)
     cols = groups[:, None] * 16 + tl.arange(0, 16)[None, :]  # (D / 16, 16)
     valid = rows < n
     src = rows.to(tl.int64)
     if HAS_PERM:
         src = tl.load(Perm + bh * n + rows, mask=valid, other=0).to(tl.int64)
-    x_in = tl.load(X + b * stride_b + h * stride_h + src[:, None, None] * stride_n + cols[None],
-                   mask=valid[:, None, None], other=0.0)
     r64 = rows.to(tl.int64)
-    if GATHER_OUT:
-        tl.store(Gathered + bh * n * D + r64[:, None, None] * D + cols[None], x_in,
-                 mask=valid[:, None, None])
-    x = x_in.to(tl.float32)
-    if MULTIPLY:
-        x = x * multiplier
+    base = X + b * stride_b + h * stride_h
+    if HADAMARD:
+        flat = tl.arange(0, D)
+        x_in = tl.load(base + src[:, None] * stride_n + flat[None, :], mask=valid[:, None],
+                       other=0.0)
+        if GATHER_OUT:
+            tl.store(Gathered + bh * n * D + r64[:, None] * D + flat[None, :], x_in,
+                     mask=valid[:, None])
+        x = x_in.to(tl.float32)
+        if MULTIPLY:
+            x = x * multiplier
+        x = tl.reshape(hadamard_rows(x, norm, CHUNK, D, LOG2_D), (CHUNK, D // 16, 16))
+    else:
+        x_in = tl.load(base + src[:, None, None] * stride_n + cols[None],
+                       mask=valid[:, None, None], other=0.0)
+        if GATHER_OUT:
+            tl.store(Gathered + bh * n * D + r64[:, None, None] * D + cols[None], x_in,
+                     mask=valid[:, None, None])
+        x = x_in.to(tl.float32)
+        if MULTIPLY:
+            x = x * multiplier
     if HAS_MEAN:
         x = tl.where(valid[:, None, None], x - tl.load(Mean + bh * D + cols)[None], 0.0)
-    if SMOOTH:
-        count = tl.minimum(n - block * ROWS, ROWS).to(tl.float64)
-        mean = (tl.sum(x.to(tl.float64), 0) / count).to(tl.float32)
-        tl.store(QMean + (bh * (n_pad // ROWS) + block) * D + cols, mean)
-        x = tl.where(valid[:, None, None], x - mean[None], 0.0)
-    scale, values = nvfp4_values(x, abs_max(x, 2)[:, :, None], Outer, bh, OUTER)
-    tl.store(Values + bh * n_pad * D + r64[:, None, None] * D + cols[None], values.to(tl.float16))
-    tl.store(Scales + bh * n_pad * (D // 16) + r64[:, None] * (D // 16) + groups[None, :],
-             tl.reshape(scale, (ROWS, D // 16)).to(tl.float16))
+    return x
 
 
 @triton.jit
-def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, n, n_pad, stride_b, stride_h,
-                stride_n, H, ROWS: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
-                DEMEAN: tl.constexpr, OUTER: tl.constexpr):
-    """V, one KV tile (ROWS tokens) of one (batch, head): optional gather by the permutation,
-    V-Smooth's block mean (FP64 sum, stored FP16, the residual taken against the stored
-    value); microscales along the tokens; values. Loaded as (16, ROWS / 16, D), token 16 g + i
-    at [i, g]: the compiler lays a thread's registers along the first axis, so each group's
-    tokens sit in one thread (or two warps) and its microscale is computed once per column
-    held, not once per element as a (ROWS / 16, 16, D) tile would have it."""
-    tile = tl.program_id(0)
+def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAmax, Bad, n, n_pad,
+                 stride_b, stride_h, stride_n, H, multiplier, norm, ROWS: tl.constexpr,
+                 CHUNK: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
+                 HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr, SMOOTH: tl.constexpr,
+                 OUTER: tl.constexpr, GATHER_OUT: tl.constexpr, HADAMARD: tl.constexpr,
+                 LOG2_D: tl.constexpr, AMAX_ONLY: tl.constexpr):
+    """Q or K, ROWS tokens of one (batch, head), CHUNK at a time (`_qk_chunk`); with SMOOTH
+    (Q smoothing, ROWS the query tile) the block's mean first, by a pass over its chunks
+    summing in FP64 (the second reads them again, from L2: a (ROWS, D) FP32 tile held whole
+    would take 128 registers a thread as FP64), written out and subtracted; microscales along
+    D; values. With AMAX_ONLY the program writes nothing but max |x| of its rows (NaN for a
+    non-finite one) to BlockAmax: the first pass of a rotated operand's outer scale, which
+    needs the amax of the rotated tensor before any element is quantized. A program that
+    leaves a NaN microscale sets its (batch, head)'s flag in Bad (`_flag_nan`)."""
+    block = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
+    groups = tl.arange(0, D // 16)
+    cols = groups[:, None] * 16 + tl.arange(0, 16)[None, :]  # (D / 16, 16)
+    if SMOOTH:
+        sums = tl.zeros((D // 16, 16), tl.float64)
+        for c in range(ROWS // CHUNK):
+            rows = block * ROWS + c * CHUNK + tl.arange(0, CHUNK)
+            x = _qk_chunk(X, Perm, Mean, Gathered, rows, bh, n, stride_b, stride_h, stride_n,
+                          H, multiplier, norm, CHUNK, D, HAS_PERM, HAS_MEAN, MULTIPLY, False,
+                          HADAMARD, LOG2_D)
+            sums += tl.sum(x.to(tl.float64), 0)
+        count = tl.minimum(n - block * ROWS, ROWS).to(tl.float64)
+        mean = (sums / count).to(tl.float32)
+        if not AMAX_ONLY:
+            tl.store(QMean + (bh * (n_pad // ROWS) + block) * D + cols, mean)
+    block_amax = tl.zeros((), tl.float32)
+    for c in range(ROWS // CHUNK):
+        rows = block * ROWS + c * CHUNK + tl.arange(0, CHUNK)
+        x = _qk_chunk(X, Perm, Mean, Gathered, rows, bh, n, stride_b, stride_h, stride_n, H,
+                      multiplier, norm, CHUNK, D, HAS_PERM, HAS_MEAN, MULTIPLY,
+                      GATHER_OUT and not AMAX_ONLY, HADAMARD, LOG2_D)
+        if SMOOTH:
+            x = tl.where((rows < n)[:, None, None], x - mean[None], 0.0)
+        amax = abs_max(x, 2)
+        if AMAX_ONLY:
+            block_amax = tl.maximum(block_amax, abs_max(abs_max(amax, 1), 0),
+                                    propagate_nan=tl.PropagateNan.ALL)
+        else:
+            scale, values = nvfp4_values(x, amax[:, :, None], Outer, bh, OUTER)
+            r64 = rows.to(tl.int64)
+            tl.store(Values + bh * n_pad * D + r64[:, None, None] * D + cols[None],
+                     values.to(tl.float16))
+            tl.store(Scales + bh * n_pad * (D // 16) + r64[:, None] * (D // 16) + groups[None, :],
+                     tl.reshape(scale, (CHUNK, D // 16)).to(tl.float16))
+            _flag_nan(Bad, bh, scale)
+    if AMAX_ONLY:
+        tl.store(BlockAmax + bh * (n_pad // ROWS) + block, block_amax)
+
+
+@triton.jit
+def _v_chunk(X, Perm, tile_row, bh, n, stride_b, stride_h, stride_n, H, CHUNK: tl.constexpr,
+             D: tl.constexpr, HAS_PERM: tl.constexpr):
+    """Tokens tile_row .. + CHUNK of V as FP32 (16, CHUNK / 16, D), token tile_row + 16 g + i
+    at [i, g], gathered by the permutation; padding rows zero. Returns (x, rows)."""
     b = bh // H
     h = bh % H
-    groups = tl.arange(0, ROWS // 16)
-    rows = tile * ROWS + groups[None, :] * 16 + tl.arange(0, 16)[:, None]  # (16, ROWS / 16)
-    cols = tl.arange(0, D)
+    rows = tile_row + tl.arange(0, CHUNK // 16)[None, :] * 16 + tl.arange(0, 16)[:, None]
     valid = rows < n
     src = rows.to(tl.int64)
     if HAS_PERM:
         src = tl.load(Perm + bh * n + rows, mask=valid, other=0).to(tl.int64)
+    cols = tl.arange(0, D)
     x = tl.load(X + b * stride_b + h * stride_h + src[:, :, None] * stride_n + cols[None, None, :],
                 mask=valid[:, :, None], other=0.0).to(tl.float32)
+    return x, rows
+
+
+@triton.jit
+def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, ValuesT, Bad, n, n_pad, stride_b,
+                stride_h, stride_n, H, ROWS: tl.constexpr, CHUNK: tl.constexpr, D: tl.constexpr,
+                HAS_PERM: tl.constexpr, DEMEAN: tl.constexpr, OUTER: tl.constexpr,
+                TRANSPOSED: tl.constexpr):
+    """V, ROWS tokens of one (batch, head), CHUNK at a time (`_v_chunk`): with DEMEAN (ROWS the
+    KV tile) V-Smooth's block mean first, by a pass over the chunks summing in FP64 (exact for
+    16-bit inputs, so in any order), stored FP16, the residual taken against the stored value
+    as the second pass reads the chunks again (from L2); microscales along the tokens; values.
+    Loaded as (16, CHUNK / 16, D): the compiler lays a thread's registers along the first
+    axis, so each group's tokens sit in one thread (or two warps) and its microscale is
+    computed once per column held, not once per element as a (CHUNK / 16, 16, D) tile would
+    have it. With TRANSPOSED the same values are also written to ValuesT (D, N_pad) per
+    (batch, head), for a kernel that reads V^T: there a thread's 16 registers along the first
+    axis are 16 consecutive tokens. NaN microscales flagged in Bad, as the Q/K quantizer's."""
+    tile = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    cols = tl.arange(0, D)
     if DEMEAN:
+        sums = tl.zeros((D,), tl.float64)
+        for c in range(ROWS // CHUNK):
+            x, rows = _v_chunk(X, Perm, tile * ROWS + c * CHUNK, bh, n, stride_b, stride_h,
+                               stride_n, H, CHUNK, D, HAS_PERM)
+            sums += tl.sum(tl.sum(x.to(tl.float64), 0), 0)
         count = tl.minimum(n - tile * ROWS, ROWS).to(tl.float64)
-        mean = (tl.sum(tl.sum(x.to(tl.float64), 0), 0) / count).to(tl.float32)
+        mean = (sums / count).to(tl.float32)
         stored = tl.clamp(mean, -65504.0, 65504.0, propagate_nan=tl.PropagateNan.ALL)
         stored = stored.to(tl.float16)
         tl.store(StoredMeans + (bh * (n_pad // ROWS) + tile) * D + cols, stored)
-        x = tl.where(valid[:, :, None], x - stored.to(tl.float32)[None, None, :], 0.0)
-    scale, values = nvfp4_values(x, abs_max(x, 0)[None, :, :], Outer, bh, OUTER)
-    r64 = rows.to(tl.int64)
-    tl.store(Values + bh * n_pad * D + r64[:, :, None] * D + cols[None, None, :],
-             values.to(tl.float16))
-    scale_rows = (tile * (ROWS // 16) + groups).to(tl.int64)
-    tl.store(Scales + bh * (n_pad // 16) * D + scale_rows[:, None] * D + cols[None, :],
-             tl.reshape(scale, (ROWS // 16, D)).to(tl.float16))
+    for c in range(ROWS // CHUNK):
+        x, rows = _v_chunk(X, Perm, tile * ROWS + c * CHUNK, bh, n, stride_b, stride_h,
+                           stride_n, H, CHUNK, D, HAS_PERM)
+        if DEMEAN:
+            x = tl.where((rows < n)[:, :, None], x - stored.to(tl.float32)[None, None, :], 0.0)
+        scale, values = nvfp4_values(x, abs_max(x, 0)[None, :, :], Outer, bh, OUTER)
+        r64 = rows.to(tl.int64)
+        values = values.to(tl.float16)
+        tl.store(Values + bh * n_pad * D + r64[:, :, None] * D + cols[None, None, :], values)
+        if TRANSPOSED:
+            tl.store(ValuesT + bh * D * n_pad + cols.to(tl.int64)[None, None, :] * n_pad
+                     + r64[:, :, None], values)
+        scale_rows = ((tile * ROWS + c * CHUNK) // 16 + tl.arange(0, CHUNK // 16)).to(tl.int64)
+        tl.store(Scales + bh * (n_pad // 16) * D + scale_rows[:, None] * D + cols[None, :],
+                 tl.reshape(scale, (CHUNK // 16, D)).to(tl.float16))
+        _flag_nan(Bad, bh, scale)
 
 
 @triton.jit
@@ -295,6 +395,13 @@ def _fill_nan(X, Poison, per_head, BLOCK: tl.constexpr):
 OUTER_DIVISOR = 448.0 * 6.0  # E4M3 max x E2M1 max: what a two-level scale divides the amax by
 # 128 x 128 elements a program: 64 a thread (as FP64 for the block means, 128 registers)
 NUM_WARPS = 8
+# The Q/K quantizer's step: 32 rows (32 x 128 elements, 32 a thread on 4 warps), small enough
+# for the butterfly's temporaries to stay in registers and for many programs to keep loads in
+# flight; Q smoothing's programs loop over the query tile in these steps.
+QK_CHUNK = 32
+QK_WARPS = 4
+V_CHUNK = 32  # V's step likewise (two microscale groups of 16 tokens)
+V_WARPS = 4
 
 
 @dataclass
@@ -324,6 +431,9 @@ class Nvfp4Operands:
     k_mean: torch.Tensor | None = None
     k_input: torch.Tensor | None = None
     permutation: torch.Tensor | None = None
+    # V's values transposed, (B*H, D, N_pad) FP16 contiguous, for a kernel that reads V^T
+    # (`prepare(..., v_transposed=True)`); v_t[i] == v[i].T, NaN heads included
+    v_t: torch.Tensor | None = None
 
     def codes(self, name: str, heads: slice = slice(None)) -> torch.Tensor:
         """The E2M1 codes (values, as the emulation's `Quantized.codes`) of operand "q", "k" or
@@ -350,53 +460,73 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_scale=None
-            ) -> Nvfp4Operands:
+def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_scale=None,
+            v_transposed=False) -> Nvfp4Operands:
     """HND 16-bit (or FP32) inputs -> the NVFP4 operands of `plan`, bit-equal to
     `reference.engine.prepare` on the same tensors. The plan is one
-    `operands.nvfp4_unsupported_reason` accepts."""
+    `operands.nvfp4_unsupported_reason` accepts. With `v_transposed`, V's values are also
+    written as `v_t` (B*H, D, N_pad) by the same kernel, for a kernel that reads V^T."""
     from vcbench.kernels.backends.triton.kmeans import grouping
     from vcbench.kernels.reference.engine import softmax_scale_log2
-    from vcbench.kernels.reference.vsmooth import token_mean
     from vcbench.kernels.spec.rotation import rotate
 
     b, h, n, d = q.shape
     bm, bn = plan.block_m, plan.block_n
     nq_pad, nk_pad = triton.cdiv(n, bm) * bm, triton.cdiv(n, bn) * bn
     dev = q.device
-    scale_log2 = torch.tensor(softmax_scale_log2(d, sm_scale), dtype=torch.float32)
+    scale_log2 = torch.tensor(softmax_scale_log2(d, sm_scale), dtype=torch.float32).item()
+    rotated = plan.hadamard_qk
+    norm = hadamard_norm(d) if rotated else 1.0
 
     if plan.vsmooth is not None and permutation is None:
         permutation = grouping(v, plan.vsmooth, grid=grid, init=centroids).permutation
     perm = None if permutation is None else permutation.to(dev, torch.int32).contiguous()
+    q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
 
-    def outer_of(x, quantizer, scale=None):
+    def launch_qk(x, n_pad, *, multiplier=None, mean=None, gather=None, smooth=False,
+                  outer=None, gathered=None, block_amax=None):
+        values = scales = q_mean = None
+        if block_amax is None:
+            values = torch.empty(b * h, n_pad, d, device=dev, dtype=torch.float16)
+            scales = torch.empty(b * h, n_pad, d // 16, device=dev, dtype=torch.float16)
+            if smooth:
+                q_mean = torch.empty(b * h, n_pad // bm, d, device=dev, dtype=torch.float32)
+        # a program quantizes QK_CHUNK rows a step: bm rows (its mean's block) with smoothing
+        rows = bm if smooth else QK_CHUNK
+        spare = x  # any pointer, for the arguments a switch leaves unread
+
+        def ptr(t):
+            return spare if t is None else t
+        _quantize_qk[(n_pad // rows, b * h)](
+            x, ptr(gather), ptr(mean), ptr(outer), ptr(values), ptr(scales), ptr(q_mean),
+            ptr(gathered), ptr(block_amax), bad, n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,
+            float(multiplier) if multiplier is not None else 1.0, norm, ROWS=rows,
+            CHUNK=QK_CHUNK, D=d,
+            HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
+            MULTIPLY=multiplier is not None, SMOOTH=smooth, OUTER=outer is not None,
+            GATHER_OUT=gathered is not None, HADAMARD=rotated, LOG2_D=d.bit_length() - 1,
+            AMAX_ONLY=block_amax is not None, num_warps=QK_WARPS, enable_fp_fusion=False)
+        return values, scales, q_mean
+
+    def outer_of(x, quantizer, n_pad=None, multiplier=None, **qk):
+        """The outer scale of `quantizer` on x (times `multiplier`, rotated when Q and K are:
+        `n_pad` is then the quantizer's padded length), or None."""
         if not quantizer.granularity.global_scale:
             return None
+        if rotated and n_pad is not None:
+            # the amax of the rotated tensor, before any element is quantized: a first pass
+            # that writes one amax per program (exact: a max does not round)
+            rows = bm if qk.get("smooth") else QK_CHUNK
+            block_amax = torch.empty(b * h, n_pad // rows, device=dev, dtype=torch.float32)
+            launch_qk(x, n_pad, multiplier=multiplier, block_amax=block_amax, **qk)
+            return _outer(block_amax.amax(1))
         # max |x| in one read (x.abs() would write a copy first); exact in any dtype, NaN
         # propagated; an infinity made NaN, as `granularity.abs_max` does
         amax = torch.linalg.vector_norm(x, float("inf"), dim=(-2, -1)).float()
         amax = torch.where(torch.isfinite(amax), amax, torch.full_like(amax, float("nan")))
-        # Rounded multiplication is monotone: max |x * c| = max |x| * c, bit for bit.
-        return _outer(amax if scale is None else amax * scale.to(dev))
-
-    def quantize_qk(x, rows, n_pad, *, multiplier=None, mean=None, gather=None,
-                    smooth=False, outer=None, gathered=None):
-        values = torch.empty(b * h, n_pad, d, device=dev, dtype=torch.float16)
-        scales = torch.empty(b * h, n_pad, d // 16, device=dev, dtype=torch.float16)
-        q_mean = (torch.empty(b * h, n_pad // rows, d, device=dev, dtype=torch.float32)
-                  if smooth else None)
-        spare = scales  # any pointer, for the arguments a switch leaves unread
-        _quantize_qk[(n_pad // rows, b * h)](
-            x, gather if gather is not None else spare, mean if mean is not None else spare,
-            outer if outer is not None else spare, values, scales,
-            q_mean if q_mean is not None else spare, gathered if gathered is not None else spare,
-            n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,
-            float(multiplier) if multiplier is not None else 1.0, ROWS=rows, D=d,
-            HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
-            MULTIPLY=multiplier is not None, SMOOTH=smooth, OUTER=outer is not None,
-            GATHER_OUT=gathered is not None, num_warps=NUM_WARPS, enable_fp_fusion=False)
-        return values, scales, q_mean
+        if multiplier is not None:  # rounded multiplication is monotone: max |x c| = max |x| c
+            amax = amax * torch.tensor(multiplier, dtype=torch.float32, device=dev)
+        return _outer(amax.reshape(b, h))
 
     def token_mean_fp32(x):  # vsmooth.token_mean of x in FP32: FP64 sums, one read
         sums = torch.zeros(b * h, d, device=dev, dtype=torch.float64)
@@ -405,61 +535,64 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
             num_warps=NUM_WARPS)
         return (sums / n).float()
 
-    k_mean = k_input = None
-    if plan.hadamard_qk:  # rotations in torch, exactly as the emulation orders them
-        qf = rotate(q.float() * scale_log2.to(dev))
-        if perm is not None:
-            k = torch.gather(k, 2, perm.long()[..., None].expand_as(k))
-        kf = k.float()
-        kf = rotate(kf) - rotate(token_mean(kf)) if plan.smooth_k else rotate(kf)
-        q_out, k_out = outer_of(qf, plan.q), outer_of(kf, plan.k)
-        qv, qs, q_mean = quantize_qk(qf, bm, nq_pad, smooth=plan.smooth_q, outer=q_out)
-        kv, ks, _ = quantize_qk(kf, bn, nk_pad, outer=k_out)
-        del kf
-        if plan.smooth_q:
-            k_input = k.contiguous()
-            k_mean = token_mean_fp32(k_input) if plan.smooth_k else torch.zeros(b * h, d, device=dev)
-    else:
-        q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
-        q_out, k_out = outer_of(q, plan.q, scale_log2), outer_of(k, plan.k)
-        qv, qs, q_mean = quantize_qk(q, bm, nq_pad, multiplier=scale_log2.item(),
-                                     smooth=plan.smooth_q, outer=q_out)
-        if plan.smooth_k:
-            k_mean = token_mean_fp32(k)
-        if plan.smooth_q:  # the bias reads K's rows contiguous and in the permuted order
-            k_input = k if perm is None and k.is_contiguous() else torch.empty(
-                b, h, n, d, device=dev, dtype=k.dtype)
-        kv, ks, _ = quantize_qk(k, bn, nk_pad, mean=k_mean, gather=perm, outer=k_out,
-                                gathered=k_input if k_input is not k else None)
-        if plan.smooth_q and k_mean is None:
-            k_mean = torch.zeros(b * h, d, device=dev)
+    # 1 for a (batch, head) left with a NaN microscale, set by the quantizers (`_flag_nan`)
+    bad = torch.zeros(b * h, device=dev, dtype=torch.int32)
 
-    v = _last_dim_contiguous(v)
+    # Q: the scale fold, the rotation, Q smoothing, codes: one read (two with an outer scale)
+    q_out = outer_of(q, plan.q, nq_pad, multiplier=scale_log2)
+    qv, qs, q_mean = launch_qk(q, nq_pad, multiplier=scale_log2, smooth=plan.smooth_q,
+                               outer=q_out)
+
+    # K: its token mean (unrotated, from the input: the FP64 sum of 16-bit values does not
+    # depend on the order, so not on the permutation), then the gather, the rotation, the
+    # subtraction of the rotated mean, codes, and the gathered 16-bit rows for the bias
+    k_mean = k_input = mean_in = None
+    if plan.smooth_k:
+        k_mean = token_mean_fp32(k)
+        mean_in = rotate(k_mean) if rotated else k_mean
+    if plan.smooth_q:  # the bias reads K's rows contiguous and in the permuted order
+        k_input = k if perm is None and k.is_contiguous() else torch.empty(
+            b, h, n, d, device=dev, dtype=k.dtype)
+    k_out = outer_of(k, plan.k, nk_pad, mean=mean_in)
+    kv, ks, _ = launch_qk(k, nk_pad, mean=mean_in, gather=perm, outer=k_out,
+                          gathered=k_input if k_input is not None and k_input is not k else None)
+    if plan.smooth_q and k_mean is None:
+        k_mean = torch.zeros(b * h, d, device=dev)
+
     v_out = outer_of(v, plan.v)
     vv = torch.empty(b * h, nk_pad, d, device=dev, dtype=torch.float16)
     vs = torch.empty(b * h, nk_pad // 16, d, device=dev, dtype=torch.float16)
+    v_t = torch.empty(b * h, d, nk_pad, device=dev, dtype=torch.float16) if v_transposed else None
     demean = plan.vsmooth is not None
     v_mean = torch.empty(b * h, nk_pad // bn, d, device=dev, dtype=torch.float16) if demean else None
-    _quantize_v[(nk_pad // bn, b * h)](
+    v_rows = bn if demean else V_CHUNK  # a program's tokens: the KV tile for its block mean
+    _quantize_v[(nk_pad // v_rows, b * h)](
         v, perm if perm is not None else vs, v_out if v_out is not None else vs, vv, vs,
-        v_mean if v_mean is not None else vs, n, nk_pad, v.stride(0), v.stride(1), v.stride(2),
-        h, ROWS=bn, D=d, HAS_PERM=perm is not None, DEMEAN=demean, OUTER=v_out is not None,
-        num_warps=NUM_WARPS, enable_fp_fusion=False)
+        v_mean if v_mean is not None else vs, v_t if v_t is not None else vs, bad, n, nk_pad,
+        v.stride(0), v.stride(1), v.stride(2), h, ROWS=v_rows, CHUNK=V_CHUNK, D=d,
+        HAS_PERM=perm is not None, DEMEAN=demean, OUTER=v_out is not None,
+        TRANSPOSED=v_t is not None, num_warps=V_WARPS, enable_fp_fusion=False)
 
     # as engine.prepare: a (batch, head) with a NaN scale has NaN V scales (the microscales
     # of the PV product's operand, and the epilogue's outer scale where there is one), and so
     # NaN V values, the microscales being in them: the emulation's codes times NaN
-    poison = granularity.nonfinite_poison((b, h), qs, q_out, ks, k_out, vs, v_out).reshape(-1)
-    for x in (vv, vs):
+    # NaN microscales flagged by the quantizers; an outer scale is NaN only where all of its
+    # microscales are, but it is checked as the emulation checks it (one number a head)
+    bad = bad != 0
+    for outer in (q_out, k_out, v_out):
+        if outer is not None:
+            bad |= ~torch.isfinite(outer)
+    poison = torch.where(bad, float("nan"), torch.zeros(b * h, device=dev))
+    for x in (vv, vs) if v_t is None else (vv, vs, v_t):
         _fill_nan[(b * h,)](x, poison, x[0].numel(), BLOCK=1024)
     if v_out is not None:
         v_out = v_out + poison
 
     bias_q = None
     if q_mean is not None:
-        bias_q = rotate(q_mean) if plan.hadamard_qk else q_mean
+        bias_q = rotate(q_mean) if rotated else q_mean
     return Nvfp4Operands(
         q=qv, q_scale=qs, k=kv, k_scale=ks, v=vv, v_scale=vs, n=n, block_m=bm, block_n=bn,
         q_outer=q_out, k_outer=k_out, v_outer=v_out, v_mean=v_mean, q_mean=q_mean,
         bias_q=None if bias_q is None else bias_q.contiguous(), k_mean=k_mean,
-        k_input=k_input, permutation=permutation)
+        k_input=k_input, permutation=permutation, v_t=v_t)

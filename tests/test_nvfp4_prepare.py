@@ -1,0 +1,156 @@
+"""The NVFP4 preprocessing (triton/nvfp4.py `prepare`) under Triton's CPU interpreter, against
+the emulation's `prepare`, operand by operand and bit for bit, for every 4-bit method with the
+QK Hadamard on and off: E2M1 codes, E4M3 microscales, FP32 outer scales (a rotated operand's
+from the amax pass), V-Smooth's FP16 block means, Q smoothing's block means, and what the bias
+reads (the rotated block means, K's token mean, the gathered 16-bit K rows). Inputs: N not a
+multiple of the tiles, a given permutation, channel and token outliers ("extreme": zero
+blocks, saturating and subnormal microscales), NHD strides; a NaN or an infinity in one
+(batch, head) with the rotation on. And `v_transposed`: v_t is v transposed, NaN heads too.
+
+On a GPU, the compiled kernels against the emulation on CUDA tensors (the comparison of
+benchmarks/checks/nvfp4_prep_time.py). The attention kernel is not run here (tests/test_nvfp4_interpreter.py does): these cases stay
+small so the interpreter takes seconds a case.
+"""
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("triton", reason="needs Triton (its interpreter runs the kernels on CPU)")
+
+from interpreted import INTERPRETED, rerun_interpreted  # noqa: E402
+
+CASES = [  # (method, options, B, H, N, D, layout, inputs, permuted)
+    ("sage3-4bit", {}, 1, 2, 150, 64, "hnd", "bf16", False),
+    ("sage3-4bit", {"hadamard_qk": True}, 1, 2, 150, 64, "hnd", "extreme bf16", False),
+    ("sage3-4bit", {"hadamard_qk": True}, 2, 1, 130, 128, "nhd", "fp16", False),
+    ("vc-4bit", {}, 1, 2, 150, 64, "hnd", "extreme bf16", True),
+    ("vc-4bit", {}, 1, 1, 200, 128, "nhd", "bf16", True),
+    ("vc-4bit", {"hadamard_qk": False}, 1, 2, 150, 64, "nhd", "extreme fp16", True),
+    ("attnqat-tf", {}, 1, 2, 150, 64, "hnd", "extreme fp16", False),
+    ("attnqat-tf+hadamard", {}, 1, 2, 150, 64, "hnd", "extreme bf16", False),
+    ("attnqat-tf+hadamard", {}, 2, 1, 100, 128, "nhd", "bf16", False),
+]
+
+
+def case_id(case):
+    method, opts, b, h, n, d, layout, kind, permuted = case
+    extra = ",".join(f"{k}={v}" for k, v in opts.items())
+    return f"{method}[{extra}] B{b}H{h}N{n}D{d} {layout} {kind}{' perm' if permuted else ''}"
+
+
+if not INTERPRETED:  # the driver: the checks below run in an interpreted subprocess
+    import sys
+    from pathlib import Path
+
+    from vcbench.kernels import backends
+
+    def test_nvfp4_prepare_under_the_interpreter():
+        rerun_interpreted(__file__, timeout=1500)
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "checks"))
+    from nvfp4_prep_time import PLANS, check  # noqa: E402
+
+    @pytest.mark.gpu
+    @pytest.mark.skipif(not backends.triton_ready(), reason="needs a CUDA GPU (sm_90+) and Triton")
+    @pytest.mark.parametrize("label", list(PLANS))
+    def test_compiled_prepare_is_the_emulations_bit_for_bit(label):
+        """The compiled kernels (Markstein's divisions, the GPU's layouts) on CUDA tensors, a
+        NaN in K included: the device check's own comparison."""
+        assert check(label) == 0
+
+else:
+    import torch
+    from nvfp4_interpreter_driver import differing, inputs, operand_differences
+
+    from vcbench.kernels import get_method
+    from vcbench.kernels.backends.triton import nvfp4
+    from vcbench.kernels.reference.engine import prepare
+    from vcbench.kernels.reference.vsmooth import permute_tokens, token_mean
+    from vcbench.kernels.spec.rotation import rotate
+
+    def plan_of(method, opts):
+        """The method's plan; "+hadamard" rotates Q and K of a plan that has no such option
+        (attnqat-tf: outer scales of rotated operands, the amax pass)."""
+        name, _, extra = method.partition("+")
+        plan = get_method(name).plan(opts)
+        return dataclasses.replace(plan, hadamard_qk=True) if extra == "hadamard" else plan
+
+    def permutation(b, h, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.stack([torch.randperm(n, generator=g) for _ in range(b * h)]).view(b, h, n)
+
+    def all_differences(q, k, v, plan, perm):
+        """Elements differing from the emulation, per operand (see operand_differences), and
+        of what the bias reads, against their definitions in `Nvfp4Operands`."""
+        emu = prepare(q, k, v, plan, permutation=perm)
+        ops = nvfp4.prepare(q, k, v, plan, permutation=perm, v_transposed=True)
+        diff = operand_differences(ops, emu)
+        b, h, n, d = q.shape
+        if plan.smooth_q:
+            gathered = k if perm is None else permute_tokens(k, perm.long())
+            diff["K input"] = differing(ops.k_input.reshape(b * h, n, d),
+                                        gathered.reshape(b * h, n, d))
+            assert ops.k_input.dtype == k.dtype
+            mean = token_mean(gathered.float()) if plan.smooth_k else torch.zeros(b, h, 1, d)
+            diff["K mean"] = differing(ops.k_mean, mean.reshape(b * h, d))
+            bias = rotate(emu.q_mean) if plan.hadamard_qk else emu.q_mean
+            diff["Q bias means"] = differing(ops.bias_q, bias.reshape(ops.bias_q.shape))
+        assert ops.v_t.shape == (b * h, d, ops.v.shape[1]) and ops.v_t.is_contiguous()
+        diff["V transposed"] = differing(ops.v_t, ops.v.transpose(1, 2))
+        return diff, ops, emu
+
+    @pytest.mark.parametrize("case", CASES, ids=case_id)
+    def test_prepare_is_the_emulations_bit_for_bit(case):
+        method, opts, b, h, n, d, layout, kind, permuted = case
+        seed = 3000 + CASES.index(case)
+        q, k, v = inputs(b, h, n, d, layout, kind, seed)
+        plan = plan_of(method, opts)
+        perm = permutation(b, h, n, seed) if permuted else None
+        diff, ops, _ = all_differences(q, k, v, plan, perm)
+        wrong = {what: count for what, count in diff.items() if count != 0}
+        assert not wrong, f"differing elements (-1: missing): {wrong}"
+        expected = {"Q codes", "K codes", "V codes", "V transposed"}
+        if plan.q.granularity.global_scale:
+            expected |= {"Q outer scale", "K outer scale", "V outer scale"}
+        if plan.smooth_q:
+            expected |= {"Q block means", "K input", "K mean", "Q bias means"}
+        if plan.vsmooth is not None:
+            expected.add("V block means")
+        assert expected <= set(diff)
+        assert torch.isfinite(ops.v).all() and torch.isfinite(ops.q_scale).all()
+
+    @pytest.mark.parametrize("method,opts,operand,bad", [
+        ("vc-4bit", {}, "k", float("nan")),
+        ("sage3-4bit", {"hadamard_qk": True}, "q", float("inf")),
+        ("attnqat-tf+hadamard", {}, "q", -float("inf")),
+        ("attnqat-tf+hadamard", {}, "v", float("nan")),
+    ])
+    def test_a_non_finite_input_poisons_its_head_rotated_or_not(method, opts, operand, bad):
+        b, h, n, d = 2, 2, 100, 64
+        q, k, v = inputs(b, h, n, d, "hnd", "bf16", seed=4000)
+        {"q": q, "k": k, "v": v}[operand][1, 0, 37, 5] = bad
+        plan = plan_of(method, opts)
+        perm = permutation(b, h, n, 4000) if plan.vsmooth is not None else None
+        diff, ops, emu = all_differences(q, k, v, plan, perm)
+        wrong = {what: count for what, count in diff.items() if count != 0}
+        assert not wrong, f"differing elements (-1: missing): {wrong}"
+        poisoned = 1 * h + 0
+        assert ops.v[poisoned].isnan().all() and ops.v_t[poisoned].isnan().all()
+        assert ops.v_scale[poisoned].isnan().all()
+        clean = torch.ones(b * h, dtype=torch.bool)
+        clean[poisoned] = False
+        assert not ops.v[clean].isnan().any() and not ops.v_t[clean].isnan().any()
+
+    @pytest.mark.parametrize("steps", [(16, 2, 64, 4), (64, 8, 16, 4)])
+    def test_the_quantizers_step_sizes_do_not_change_a_bit(steps, monkeypatch):
+        """QK_CHUNK, QK_WARPS, V_CHUNK, V_WARPS (the GPU benchmark sweeps them)."""
+        for name, value in zip(("QK_CHUNK", "QK_WARPS", "V_CHUNK", "V_WARPS"), steps, strict=True):
+            monkeypatch.setattr(nvfp4, name, value)
+        for method, extra in [("vc-4bit", {}), ("attnqat-tf+hadamard", {})]:
+            q, k, v = inputs(1, 2, 150, 64, "hnd", "extreme bf16", seed=5000)
+            plan = plan_of(method, extra)
+            perm = permutation(1, 2, 150, 5000) if plan.vsmooth is not None else None
+            diff, _, _ = all_differences(q, k, v, plan, perm)
+            wrong = {what: count for what, count in diff.items() if count != 0}
+            assert not wrong, f"{method}: differing elements (-1: missing): {wrong}"
