@@ -8,6 +8,7 @@ the other must, and these tests say whether they still fit together.
 import dataclasses
 import math
 import re
+import shutil
 import warnings
 
 import numpy as np
@@ -221,7 +222,7 @@ def test_sm90_without_a_build_falls_back_with_one_line(monkeypatch):
 
 def test_a_bad_kernel_choice_is_a_user_error(monkeypatch):
     monkeypatch.setenv("VCBENCH_KERNEL", "cutlass")
-    with pytest.raises(UserError, match="VCBENCH_KERNEL must be one of auto, fa4, .*sm90, triton"):
+    with pytest.raises(UserError, match="VCBENCH_KERNEL must be one of auto, fa4, .*sm90, sm90-nvfp4, triton"):
         backends.preference()
     with pytest.raises(UserError, match="VCBENCH_KERNEL"):
         backends.select(get_method("vc-8bit").plan())
@@ -368,3 +369,148 @@ def test_mean_weight_stores_land_where_the_mean_descriptor_reads_a():
                         assert base + 2 * e == (m // 8) * sbo + (k // 8) * lbo + (m % 8) * 16 + (k % 8) * 2
                         seen[(m, k)] = seen.get((m, k), 0) + 1
     assert len(seen) == 64 * 16 and set(seen.values()) == {1}
+
+
+# ---- the NVFP4 instances ----------------------------------------------------------------
+
+
+def test_the_nvfp4_instance_table_is_written_from_the_python_instances():
+    from vcbench.kernels.backends.sm90.csrc import gen_instances
+
+    assert (compiled.CSRC / "nvfp4_instances.cuh").read_text() == gen_instances.nvfp4_text()
+    launch = (compiled.CSRC / "nvfp4_launch.cu").read_text()
+    assert 'constexpr Instance INSTANCES[] = {\n#include "nvfp4_instances.cuh"\n};' in launch
+    assert len(set(compiled.NVFP4_INSTANCES)) == len(compiled.NVFP4_INSTANCES)
+
+
+@pytest.mark.parametrize("method, opts, combination", [
+    ("vc-4bit", {}, (True, True, True)), ("vc-4bit", {"vsmooth": False}, (True, False, True)),
+    ("vc-4bit", PLAIN_STEP_OPTIONS, (True, False, True)), ("sage3-4bit", {}, (True, False, True)),
+    ("attnqat-tf", {}, (False, False, False))])
+def test_each_4bit_method_and_its_plain_steps_have_an_nvfp4_instance(method, opts, combination):
+    plan = get_method(method).plan(opts)
+    assert compiled.nvfp4_combination(plan) == combination
+    assert combination in compiled.NVFP4_INSTANCES
+    assert backends.SM90_NVFP4.supports(plan, (1, 40, 75600, 128)) is None
+    assert backends.SM90_NVFP4.fidelity_only  # NVFP4 on FP16 wgmma: never an FP4 speed claim
+
+
+def test_the_nvfp4_instances_say_why_they_cannot_take_a_plan_or_shape():
+    plan = get_method("vc-4bit").plan()
+    assert "head dim 128" in backends.SM90_NVFP4.supports(plan, (1, 2, 1000, 64))
+    assert "128-row" in backends.SM90_NVFP4.supports(get_method("vc-4bit").plan({"block_m": 64}))
+    # Q smoothing's score term past the limit: one FP32 per (query block, key)
+    reason = backends.SM90_NVFP4.supports(plan, (1, 40, 200000, 128))
+    assert "GB" in reason and "\n" not in reason
+    # without Q smoothing there is no such term, so no such limit
+    attnqat = get_method("attnqat-tf").plan()
+    assert backends.SM90_NVFP4.supports(attnqat, (1, 40, 200000, 128)) is None
+    assert backends.SM90_NVFP4.supports(get_method("vc-8bit").plan()) is not None
+    order = list(backends.BACKENDS.values())
+    assert order.index(backends.SM90_NVFP4) < order.index(backends.NVFP4)
+
+
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc (the CUDA toolkit)")
+@pytest.mark.parametrize("source, kernel, count", [
+    ("nvfp4_launch.cu", "nvfp4_attention_kernel", len(compiled.NVFP4_INSTANCES)),
+    ("launch.cu", "vc_attention_kernel", len(compiled.INSTANCES))])
+def test_the_instances_compile_for_sm90a_without_spills_or_local_memory(source, kernel, count,
+                                                                         tmp_path):
+    """ptxas's own account of each instance (the device code only: no torch, no GPU)."""
+    import subprocess
+
+    done = subprocess.run([NVCC, compiled.ARCH_FLAG, "-O3", "-Xptxas=-v", "-c",
+                           str(compiled.CSRC / source), "-o", str(tmp_path / "k.o")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    entries = re.split(r"Compiling entry function '", done.stderr)[1:]
+    assert len([e for e in entries if kernel in e.split("'")[0]]) == count
+    for entry in entries:
+        props = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes "
+                          r"spill loads", entry)
+        assert props and props.groups() == ("0", "0", "0"), entry[:300]
+
+
+def test_mean_steps_are_the_b_operand_the_mean_descriptor_reads():
+    """The NVFP4 mean step: per tile a 16 x 128 fp16 B operand in the no-swizzle K-major layout
+    desc_means names, rows k = 0 and 1 the tile's mean, the other 14 zero."""
+    import torch
+
+    src = (compiled.CSRC / "mma.cuh").read_text()
+    desc = src[src.index("uint64_t desc_means("):]
+    lbo, sbo = (int(x) for x in re.findall(r"static_cast<uint64_t>\((\d+) >> 4\)",
+                                           desc[:desc.index("}")]))
+    v_mean = torch.randn(3, 5, 128).half()
+    steps = compiled.mean_steps(v_mean)
+    assert steps.shape == (3, 5, 2048) and steps.dtype == torch.float16
+    for bh, t in ((0, 0), (2, 4)):
+        for k in range(16):
+            for n in range(128):
+                byte = (n // 8) * sbo + (k // 8) * lbo + (n % 8) * 16 + (k % 8) * 2
+                want = v_mean[bh, t, n] if k < 2 else 0.0
+                assert steps[bh, t, byte // 2] == want, (k, n)
+
+
+def _kernel_round_e2m1(y):
+    """nvfp4_softmax.cuh's round_e2m1 in FP32 numpy: min(y, 6), then the magic-number add whose
+    exponent is y's (at least 2^0's)."""
+    mag = np.minimum(y.astype(np.float32), np.float32(6))
+    e = np.maximum(mag.view(np.int32) >> 23, 127)
+    magic = (((e + 22) << 23) + 0x400000).astype(np.int32).view(np.float32)
+    return (mag + magic) - magic
+
+
+def test_the_kernels_e2m1_rounding_is_the_emulations_on_every_tie_and_between():
+    import torch
+
+    from vcbench.kernels.spec.formats import round_e2m1
+
+    grid = np.arange(0, 8 * 256 + 1, dtype=np.float32) / 256  # every tie, and 255 points between
+    near = np.nextafter(grid, np.float32(9)), np.nextafter(grid, np.float32(-1))
+    for y in (grid, *near):
+        y = np.abs(y).astype(np.float32)
+        want = round_e2m1(torch.from_numpy(y)).numpy()
+        np.testing.assert_array_equal(_kernel_round_e2m1(y), want)
+
+
+def test_the_kernels_p_quantization_matches_the_emulation_on_the_same_p():
+    """P's arithmetic as nvfp4_softmax.cuh does it (in FP32 numpy): x = 2688 exp2(s - t) for the
+    tile row max t (two-level; the emulation divides p by rowmax(p) / 2688), the microscale
+    E4M3(amax * (1/6)), x times the microscale's reciprocal, E2M1, times the microscale. Against
+    the emulation's NVFP4Probability.encode on the same scores: the dequantized P agree except
+    where a quotient sits within its last ulps of an E2M1 boundary, and never by more than one
+    E2M1 step there."""
+    import torch
+
+    from vcbench.kernels.spec.formats import round_e4m3
+    from vcbench.kernels.spec.probability import NVFP4Probability
+
+    g = torch.Generator().manual_seed(4)
+    s = (torch.randn(256, 128, generator=g) * 4).float()  # log2 units, a tile of 256 rows
+    m = s.amax(-1, keepdim=True) + torch.rand(256, 1, generator=g) * 3  # a running max above t
+    for two_level in (True, False):
+        enc = NVFP4Probability(two_level=two_level)
+        want, outer, _ = enc.encode(s, m)
+        sn = s.numpy()
+        t = sn.max(-1, keepdims=True)
+        if two_level:  # 2688 exp2(s - t): the kernel's one FFMA and exp2
+            x = np.exp2(sn + (np.float32(np.log2(2688.0)) - t)).astype(np.float32)
+        else:
+            x = np.exp2(sn - m.numpy()).astype(np.float32)
+        groups = x.reshape(256, 8, 16)
+        amax = groups.max(-1, keepdims=True)
+        scale = round_e4m3(torch.from_numpy(amax * np.float32(1 / 6))).numpy()
+        inv = np.where(scale > 0, np.float32(1) / np.where(scale > 0, scale, 1), 0).astype(np.float32)
+        got = (_kernel_round_e2m1(groups * inv) * scale).reshape(256, 128)
+        w = want.numpy()
+        differ = got != w
+        assert differ.mean() < 1e-3, f"{differ.sum()} of {differ.size} differ"
+        # where they differ, by one E2M1 step of that group's scale (at most 2 x scale)
+        step = np.broadcast_to(2 * scale, groups.shape).reshape(256, 128)
+        assert (np.abs(got - w)[differ] <= step[differ] * (1 + 1e-6)).all()
+        if two_level:  # the row scale the merge applies: rowmax(p) / 2688
+            s1 = np.exp2(t - m.numpy()) / np.float32(2688)
+            np.testing.assert_allclose(s1, outer.numpy(), rtol=1e-6)

@@ -50,8 +50,7 @@ def prepare_nvfp4(q, k, v, plan, **call):
     V-Smooth's mean steps, Q smoothing's score term."""
     from vcbench.kernels.backends.triton import nvfp4
 
-    ops = nvfp4.prepare(q, k, v, plan, **call)
-    ops.v_t = ops.v.transpose(1, 2).contiguous()
+    ops = nvfp4.prepare(q, k, v, plan, v_transposed=True, **call)
     ops.mean_steps = compiled.mean_steps(ops.v_mean) if ops.v_mean is not None else None
     ops.score_bias = compiled.score_bias(ops) if plan.smooth_q else None
     return ops

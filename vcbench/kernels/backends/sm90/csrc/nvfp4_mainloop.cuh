@@ -27,35 +27,38 @@ namespace nvfp4 {
 template <class T>
 __device__ __forceinline__ void produce(const CUtensorMap& tm_q, const CUtensorMap& tm_k,
                                         const CUtensorMap& tm_v, const Params& prm,
-                                        uint32_t base, StageBarriers<T::STAGES> bars, int m_block,
-                                        int bh) {
+                                        uint32_t base, StageBarriers<T::STAGES> kb,
+                                        StageBarriers<T::STAGES> vb, int m_block, int bh) {
   prefetch_tensormap(&tm_q);
   prefetch_tensormap(&tm_k);
   prefetch_tensormap(&tm_v);
   const uint32_t s_q = base + T::Q_OFF;
-  mbar_expect_tx(bars.q(), T::TILE_BYTES);
+  mbar_expect_tx(kb.q(), T::TILE_BYTES);
   const int q_row = bh * prm.nq_pad + m_block * T::BM;
-  tma_load_2d(s_q, &tm_q, bars.q(), 0, q_row);
-  tma_load_2d(s_q + T::HALF, &tm_q, bars.q(), 128, q_row);
+  tma_load_2d(s_q, &tm_q, kb.q(), 0, q_row);
+  tma_load_2d(s_q + T::HALF, &tm_q, kb.q(), 128, q_row);
   const int n_tiles = prm.n_tiles;
   for (int j = 0; j < n_tiles; ++j) {
-    const int st = j % T::STAGES;
-    mbar_wait(bars.empty(st), ((j / T::STAGES) & 1) ^ 1);
+    const int st = j % T::STAGES, free = ((j / T::STAGES) & 1) ^ 1;
     const uint32_t stage = base + T::STAGE_OFF + st * T::STAGE_BYTES;
-    mbar_expect_tx(bars.full(st), 2 * T::TILE_BYTES + T::MEAN_BYTES + T::BIAS_BYTES);
+    // K_j and Q smoothing's row (both read by QK_j's softmax), then V_j and its mean step
+    mbar_wait(kb.empty(st), free);
+    mbar_expect_tx(kb.full(st), T::TILE_BYTES + T::BIAS_BYTES);
     const int k_row = bh * prm.nk_pad + j * BN;
-    tma_load_2d(stage + T::K_OFF, &tm_k, bars.full(st), 0, k_row);
-    tma_load_2d(stage + T::K_OFF + T::HALF, &tm_k, bars.full(st), 128, k_row);
-    tma_load_2d(stage + T::V_OFF, &tm_v, bars.full(st), j * BN * 2, bh * D);
-    tma_load_2d(stage + T::V_OFF + T::HALF, &tm_v, bars.full(st), j * BN * 2 + 128, bh * D);
-    if constexpr (T::VSMOOTH)
-      bulk_load(stage + T::MEAN_OFF, prm.mean + (static_cast<size_t>(bh) * n_tiles + j) * 2048,
-                T::MEAN_BYTES, bars.full(st));
+    tma_load_2d(stage + T::K_OFF, &tm_k, kb.full(st), 0, k_row);
+    tma_load_2d(stage + T::K_OFF + T::HALF, &tm_k, kb.full(st), 128, k_row);
     if constexpr (T::BIAS)
       bulk_load(stage + T::BIAS_OFF,
                 prm.bias + (static_cast<size_t>(bh) * prm.q_blocks + m_block) * prm.nk_pad +
                     static_cast<size_t>(j) * BN,
-                T::BIAS_BYTES, bars.full(st));
+                T::BIAS_BYTES, kb.full(st));
+    mbar_wait(vb.empty(st), free);
+    mbar_expect_tx(vb.full(st), T::TILE_BYTES + T::MEAN_BYTES);
+    tma_load_2d(stage + T::V_OFF, &tm_v, vb.full(st), j * BN * 2, bh * D);
+    tma_load_2d(stage + T::V_OFF + T::HALF, &tm_v, vb.full(st), j * BN * 2 + 128, bh * D);
+    if constexpr (T::VSMOOTH)
+      bulk_load(stage + T::MEAN_OFF, prm.mean + (static_cast<size_t>(bh) * n_tiles + j) * 2048,
+                T::MEAN_BYTES, vb.full(st));
   }
 }
 
@@ -73,29 +76,25 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t s_q, uint32_t 
   }
 }
 
-// PV_j = P V_j into a fresh block: 8 k-steps of 16 keys, P from registers; with V-Smooth one
-// more, the tile's row sums times its mean.
+// acc += P V_j: 8 k-steps of 16 keys, P from registers; with V-Smooth one more, the tile's row
+// sums times its mean.
 template <class T>
-__device__ __forceinline__ void issue_pv(float (&pv)[64], const uint32_t (&p)[32], uint32_t s_v,
+__device__ __forceinline__ void issue_pv(float (&acc)[64], const uint32_t (&p)[32], uint32_t s_v,
                                          [[maybe_unused]] const uint32_t (&a_mean)[4],
                                          [[maybe_unused]] uint32_t s_mean) {
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
     const uint64_t dv = desc_sw128(s_v + (kk / 4) * T::HALF) + 2 * (kk % 4);
-    if (kk == 0)
-      wgmma_f16_rs_n128_first(pv, p[0], p[1], p[2], p[3], dv);
-    else {
-      const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-      wgmma_f16_rs_n128(pv, a, dv);
-    }
+    const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+    wgmma_f16_rs_n128(acc, a, dv);
   }
-  if constexpr (T::VSMOOTH) wgmma_f16_rs_n128(pv, a_mean, desc_means(s_mean));
+  if constexpr (T::VSMOOTH) wgmma_f16_rs_n128(acc, a_mean, desc_means(s_mean));
 }
 
 template <class T>
 __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
-                                        StageBarriers<T::STAGES> bars, int m_block, int bh,
-                                        int wg, int tid) {
+                                        StageBarriers<T::STAGES> kb, StageBarriers<T::STAGES> vb,
+                                        int m_block, int bh, int wg, int tid) {
   const int cw = __shfl_sync(0xffffffffu, wg - 1, 0);  // warp-uniform
   const int warp = tid / 32, lane = tid % 32, q = lane & 3, g = lane >> 2;
   const int row0 = m_block * T::BM + cw * 64 + warp * 16 + g;  // rows row0, row0 + 8
@@ -106,50 +105,78 @@ __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
   reg_fence(acc);
-  float s[64], pv[64];
-  uint32_t p[32], a_mean[4] = {0u, 0u, 0u, 0u};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  mbar_wait(bars.q(), 0);
-
-  int stage = 0, phase = 0;
-  auto tile = [&](int j, auto last) {
-    constexpr bool LAST = decltype(last)::value;
-    const uint32_t st_base = base + T::STAGE_OFF + stage * T::STAGE_BYTES;
-    mbar_wait(bars.full(stage), phase);
-    wgmma_fence();
-    issue_qk<T>(s, s_q, st_base + T::K_OFF);
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(s);
-    const float2* bias = reinterpret_cast<const float2*>(
-        __cvta_shared_to_generic(st_base + T::BIAS_OFF)) + q;
-    float alpha[2], f[2], r[2], xs[2];
-    softmax_tile<T, LAST>(s, p, m, alpha, f, r, xs, c, bias, LAST ? prm.n - j * BN : BN, q);
-    if constexpr (T::VSMOOTH) mean_fragment(a_mean, xs, q);
-    reg_fence(p);
-    wgmma_fence();
-    issue_pv<T>(pv, p, st_base + T::V_OFF, a_mean, st_base + T::MEAN_OFF);
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(pv);
-    mbar_arrive(bars.empty(stage));
-    stage = stage == T::STAGES - 1 ? 0 : stage + 1;
-    phase ^= stage == 0;
-    merge_tile(acc, pv, l, alpha, f, r);
-  };
+  float s[64], beta[2];
+  uint32_t p[32], a_mean[4] = {0u, 0u, 0u, 0u}, a_next[4] = {0u, 0u, 0u, 0u};
+  RowState row;
   const int last = prm.n_tiles - 1;
-  for (int j = 0; j < last; ++j) tile(j, With<false>{});
-  tile(last, With<true>{});
+  auto stage_base = [&](int j) { return base + T::STAGE_OFF + (j & 1) * T::STAGE_BYTES; };
+  auto bias_row = [&](int j) {
+    return reinterpret_cast<const float2*>(
+               __cvta_shared_to_generic(stage_base(j) + T::BIAS_OFF)) + q;
+  };
+  static_assert(T::STAGES == 2, "stage j & 1, parity (j >> 1) & 1");
+  auto wait_and_issue_qk = [&](int j) {
+    mbar_wait(kb.full(j & 1), (j >> 1) & 1);
+    wgmma_fence();
+    issue_qk<T>(s, s_q, stage_base(j) + T::K_OFF);
+    wgmma_commit();
+  };
+  // tile j's PV, and with NEXT tile j + 1's QK and softmax beside it
+  auto tile = [&](int j, auto next) {
+    constexpr bool NEXT = decltype(next)::value;
+    if constexpr (NEXT) wait_and_issue_qk(j + 1);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] *= beta[(i >> 1) & 1];
+    mbar_wait(vb.full(j & 1), (j >> 1) & 1);
+    wgmma_fence();
+    issue_pv<T>(acc, p, stage_base(j) + T::V_OFF, a_mean, stage_base(j) + T::MEAN_OFF);
+    wgmma_commit();
+    if constexpr (NEXT) {
+      wgmma_wait<1>();  // QK_{j+1} (issued first) is done; PV_j may still run
+      reg_fence(s);
+      // the masked softmax only for the last tile (a branch without a wgmma in it)
+      if (j + 1 < last)
+        softmax_tile<T, false>(s, row, beta, a_next, c, bias_row(j + 1), BN, q);
+      else
+        softmax_tile<T, true>(s, row, beta, a_next, c, bias_row(j + 1), prm.n - last * BN, q);
+      mbar_arrive(kb.empty((j + 1) & 1));  // K_{j+1} and its bias row read
+    }
+    wgmma_wait<0>();
+    reg_fence(acc);
+    mbar_arrive(vb.empty(j & 1));  // V_j and its mean step read
+    if constexpr (NEXT) {
+      pack_p(p, s);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a_mean[i] = a_next[i];
+    }
+  };
 
-  // O = acc * v_outer / l, rows past n (the padding) not written
+  mbar_wait(kb.q(), 0);
+  wait_and_issue_qk(0);
+  wgmma_wait<0>();
+  reg_fence(s);
+  if (last == 0)
+    softmax_tile<T, true>(s, row, beta, a_mean, c, bias_row(0), prm.n, q);
+  else
+    softmax_tile<T, false>(s, row, beta, a_mean, c, bias_row(0), BN, q);
+  mbar_arrive(kb.empty(0));
+  pack_p(p, s);
+  if (last == 0) {
+    tile(0, With<false>{});
+  } else {
+    for (int j = 0; j < last; ++j) tile(j, With<true>{});
+    tile(last, With<false>{});
+  }
+
+  // O = acc * sigma / (PSCALE l) * v_outer, rows past n (the padding) not written
   const float v_outer = prm.v_outer != nullptr ? prm.v_outer[bh] : 1.f;
   const int b = bh / prm.heads, hd = bh % prm.heads;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = row0 + 8 * h;
-    const float scale = v_outer / l[h];
-    if (row >= prm.n) continue;
-    const long long off = b * prm.out_sb + hd * prm.out_sh + row * prm.out_sn;
+    const int row_n = row0 + 8 * h;
+    const float scale = row.sigma[h] * (1.f / T::PSCALE) * v_outer / row.l[h];
+    if (row_n >= prm.n) continue;
+    const long long off = b * prm.out_sb + hd * prm.out_sh + row_n * prm.out_sn;
 #pragma unroll
     for (int cc = 0; cc < 16; ++cc) {
       const int col = 8 * cc + 2 * q;
@@ -174,17 +201,20 @@ __global__ void __launch_bounds__(T::THREADS, 1)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
-  const StageBarriers<T::STAGES> bars{base + T::BAR_OFF};
+  const StageBarriers<T::STAGES> kb{base + T::BAR_OFF}, vb{base + T::VBAR_OFF};
   const int m_block = blockIdx.x, bh = blockIdx.y;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  if (threadIdx.x == 0) bars.init(128 * T::CONSUMERS);
+  if (threadIdx.x == 0) {
+    kb.init(128 * T::CONSUMERS);
+    vb.init(128 * T::CONSUMERS);
+  }
   __syncthreads();
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::PRODUCER_REGS));
-    if (tid == 0) produce<T>(tm_q, tm_k, tm_v, prm, base, bars, m_block, bh);
+    if (tid == 0) produce<T>(tm_q, tm_k, tm_v, prm, base, kb, vb, m_block, bh);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::CONSUMER_REGS));
-    consume<T>(prm, base, bars, m_block, bh, wg, tid);
+    consume<T>(prm, base, kb, vb, m_block, bh, wg, tid);
   }
 }
 

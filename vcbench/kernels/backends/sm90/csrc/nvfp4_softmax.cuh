@@ -1,19 +1,29 @@
 // The NVFP4 instances' online softmax: the running max, P~ (two-level: under its per-row
 // scale s1), P~'s NVFP4 quantization in registers (per 16 keys an E4M3 microscale, E2M1
 // codes), the codes dequantized exactly into the FP16 A fragment of the PV wgmma, and the
-// two-level merge of each tile's product into the FP32 accumulator. The emulation's order
-// (reference.engine.run, and the Triton kernel nvfp4_attention.py):
+// accumulator's rescale. The emulation's order (reference.engine.run, and the Triton kernel
+// nvfp4_attention.py):
 //
 //     m' = max(m, rowmax s);  alpha = exp2(m - m');  p = exp2(s - m');  r = rowsum p
 //     P  = NVFP4(p / s1), s1 = rowmax(p) / 2688   (two-level; else NVFP4(p))
 //     acc = alpha acc + (P V_j) s1 [+ r mean_j];  l = alpha l + r
 //
+// The PV wgmma accumulates into acc itself (no tile block and no FP32 merge on the CUDA
+// cores: 64 registers and 64 FFMA a tile fewer, which lets the next tile's QK and softmax run
+// while this tile's PV is in flight). So acc is kept in the units of the tile's s1: with
+// u = max(t, m' - 64), t the tile's row max, the tile's P~ / s1 is x = 2688 exp2(s - u) and
+// acc' = acc / s1 takes acc' = beta acc' + P V_j with beta = exp2(u_prev - u) (alpha s1_prev /
+// s1, exactly). The floor m' - 64 bounds beta and acc' (s1 >= 2^-64 / 2688); it binds only on
+// a tile whose every score is 64 below the running max, whose share of the row is below
+// 2^-64, where x's scale then differs from the emulation's. Without two levels acc' = acc.
+//
 // Where it differs, and why that stays inside the tests' rule (tests/test_gpu_nvfp4.py): p is
-// MUFU's exp2 (as in every GPU kernel); p / s1 is computed as one exp2, 2688 exp2(s - t) with t
-// the tile's row max (the quotient's value, within a few ulps of the rounded division); x /
-// microscale is a product by the microscale's reciprocal (within an ulp of the quotient). Each
-// moves a code only where the quotient lies within those ulps of an E2M1 rounding boundary,
-// the same mechanism, and smaller, than MUFU's exp2 against torch's.
+// MUFU's exp2 (as in every GPU kernel); p / s1 is computed as one exp2, 2688 exp2(s - t) (the
+// quotient's value, within a few ulps of the rounded division); x / microscale is a product by
+// the microscale's reciprocal (within an ulp of the quotient). Each moves a code only where the
+// quotient lies within those ulps of an E2M1 rounding boundary, the same mechanism, and
+// smaller, than MUFU's exp2 against torch's. The PV sums are the tensor core's, in FP32, in
+// its order rather than the emulation's tile-then-merge order (the rule's (a)).
 #pragma once
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -63,19 +73,41 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 // K row permutation, the accumulator's layout is the A fragment's).
 __device__ __forceinline__ int key_of(int c, int q, int b) { return 8 * c + 2 * q + b; }
 
+// The mean step's A fragment (k = 16, two of them used): column 0 the row sums of P~ in FP16
+// (their head), column 1 what FP16 dropped (their tail), so that the FP32 products with the
+// mean (B's rows 0 and 1) carry 22 bits of the sum. Only lanes q == 0 hold columns 0 and 1.
+__device__ __forceinline__ void mean_fragment(uint32_t (&a)[4], const float (&xs)[2], int q) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float head = __half2float(__float2half_rn(xs[h]));
+    a[h] = q == 0 ? pack_half2(head, xs[h] - head) : 0u;
+  }
+  a[2] = a[3] = 0u;
+}
+
+// The per-row state across tiles: the running max m, the tile unit u (two-level), the row
+// sum l (in the running max's units, as the emulation's), and sigma, acc's unit (s1 of the
+// last tile: O = acc * sigma / (PSCALE l)).
+struct RowState {
+  float m[2] = {-INFINITY, -INFINITY};
+  float u[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+  float sigma[2] = {1.f, 1.f};
+};
+
 // One S tile (FP32 dot products of the dequantized codes: s[4c + 2h + b] = row r + 8h, column
-// 8c + 2q + b) into P's A fragment for the 8 PV k-steps, p[4G + {0..3}] for keys 16G..16G+15
-// (the mma.m16n8k16 A layout: rows r, r + 8 x columns 2q + {0,1}, then 8 + 2q + {0,1}).
-// c: q_outer * k_outer (1 without outer scales); bias: Q smoothing's term of this thread's
-// row at this thread's first column (2q; columns 8c + 2q + b at bias[4c]) or unused; on return m is the new running max, alpha the accumulator's
-// rescale, f the factor of this tile's product in the merge (s1 / PSCALE), r its row sums of
-// p, and xs the row sums of P~ (p / s1) times PSCALE, the mean step's A.
+// 8c + 2q + b) into P's dequantized NVFP4 values, in place (each an exact FP16 value, times
+// PSCALE); pack_p then builds the PV A fragment from them. c: q_outer * k_outer (1 without outer
+// scales); bias: Q smoothing's row at this thread's first column (columns 8c + 2q + b at
+// bias[4c]), or unused. On return beta is acc's rescale for this tile (before its PV), the row
+// state is updated (l with this tile's row sums), and with V-Smooth a_mean is the tile's mean
+// step A fragment.
 template <class T, bool MASK>
-__device__ __forceinline__ void softmax_tile(float (&s)[64], uint32_t (&p)[32], float (&m)[2],
-                                             float (&alpha)[2], float (&f)[2], float (&r)[2],
-                                             float (&xs)[2], float c, const float2* bias,
+__device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, float (&beta)[2],
+                                             uint32_t (&a_mean)[4], float c, const float2* bias,
                                              int n_valid, int q) {
   float t[2] = {-INFINITY, -INFINITY};
+  const int lim = n_valid - 2 * q;  // key 8cc + 2q + b is past the last iff 8cc + b >= lim
 #pragma unroll
   for (int cc = 0; cc < 16; ++cc) {
     [[maybe_unused]] float2 bz;
@@ -86,32 +118,33 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], uint32_t (&p)[32], 
       for (int b = 0; b < 2; ++b) {
         float v = s[4 * cc + 2 * h + b];
         if constexpr (T::BIAS) v = fmaf(v, c, b ? bz.y : bz.x);  // the score, log2 units
-        if (MASK && key_of(cc, q, b) >= n_valid) v = -INFINITY;
+        if (MASK && 8 * cc + b >= lim) v = -INFINITY;
         s[4 * cc + 2 * h + b] = v;
         t[h] = fmaxf(t[h], v);
       }
   }
   // with the bias the scores are final; else still to be multiplied by c (c > 0)
   const float cs = T::BIAS ? 1.f : c;
+  float bias_x[2], alpha[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     t[h] = fmaxf(t[h], __shfl_xor_sync(0xffffffffu, t[h], 1));
     t[h] = fmaxf(t[h], __shfl_xor_sync(0xffffffffu, t[h], 2));
     t[h] *= cs;
-    const float m_new = fmaxf(m[h], t[h]);
-    alpha[h] = ex2(m[h] - m_new);  // 0 at the first tile (m = -inf, m_new finite)
+    const float m_new = fmaxf(st.m[h], t[h]);
+    alpha[h] = ex2(st.m[h] - m_new);  // 0 at the first tile (m = -inf, m_new finite)
     if constexpr (T::TWO_LEVEL) {
-      const float s1 = ex2(t[h] - m_new) * (1.f / P_OUTER);  // rowmax(p) / 2688
-      f[h] = s1 * (1.f / T::PSCALE);
+      const float u = fmaxf(t[h], m_new - 64.f);
+      beta[h] = ex2(st.u[h] - u);                              // alpha s1_prev / s1
+      st.sigma[h] = ex2(u - m_new) * (1.f / P_OUTER);          // s1 = rowmax(p) / 2688
+      bias_x[h] = LOG2_P_OUTER - u;                            // x = 2688 exp2(s - u)
+      st.u[h] = u;
     } else {
-      f[h] = 1.f / T::PSCALE;
+      beta[h] = alpha[h];
+      bias_x[h] = -m_new;  // x = p = exp2(s - m')
     }
-    m[h] = m_new;
+    st.m[h] = m_new;
   }
-  // x = p / s1 = 2688 exp2(s - t) (two-level), else p = exp2(s - m'): one FFMA, one MUFU
-  float bias_x[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) bias_x[h] = T::TWO_LEVEL ? LOG2_P_OUTER - t[h] : -m[h];
   float sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
@@ -123,9 +156,12 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], uint32_t (&p)[32], 
   for (int h = 0; h < 2; ++h) {
     sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
     sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
-    // r = rowsum(p): s1 * rowsum(p / s1) two-level
-    r[h] = T::TWO_LEVEL ? sum[h] * (f[h] * T::PSCALE) : sum[h];
-    xs[h] = sum[h] * T::PSCALE;
+    const float r = T::TWO_LEVEL ? sum[h] * st.sigma[h] : sum[h];  // rowsum(p) = s1 rowsum(x)
+    st.l[h] = st.l[h] * alpha[h] + r;
+  }
+  if constexpr (T::VSMOOTH) {
+    const float xs[2] = {sum[0] * T::PSCALE, sum[1] * T::PSCALE};
+    mean_fragment(a_mean, xs, q);
   }
   // The 16-key groups: group G is S blocks 2G and 2G + 1, four values a thread and row, the
   // other twelve in the quad's other threads.
@@ -147,38 +183,27 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], uint32_t (&p)[32], 
       const float inv = scale[h] > 0.f ? rcp(scale[h]) : 0.f;
       const float deq = scale[h] * T::PSCALE;  // exact: a power-of-two multiple
       const int i0 = 4 * (2 * G) + 2 * h, i1 = 4 * (2 * G + 1) + 2 * h;
-      const float v00 = round_e2m1(s[i0] * inv) * deq, v01 = round_e2m1(s[i0 + 1] * inv) * deq;
-      const float v10 = round_e2m1(s[i1] * inv) * deq, v11 = round_e2m1(s[i1 + 1] * inv) * deq;
-      p[4 * G + h] = pack_half2(v00, v01);      // rows r (+8), keys 16G + 2q + {0,1}
-      p[4 * G + 2 + h] = pack_half2(v10, v11);  // keys 16G + 8 + 2q + {0,1}
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        s[i0 + b] = round_e2m1(s[i0 + b] * inv) * deq;
+        s[i1 + b] = round_e2m1(s[i1 + b] * inv) * deq;
+      }
     }
   }
 }
 
-// The mean step's A fragment (k = 16, two of them used): column 0 the row sums of P~ in FP16
-// (their head), column 1 what FP16 dropped (their tail), so that the FP32 products with the
-// mean (B's rows 0 and 1) carry 22 bits of the sum. Only lanes q == 0 hold columns 0 and 1.
-__device__ __forceinline__ void mean_fragment(uint32_t (&a)[4], const float (&xs)[2], int q) {
+// P's A fragment for the 8 PV k-steps from the dequantized values: p[4G + {0..3}] for keys
+// 16G..16G+15 (the mma.m16n8k16 A layout: rows r, r + 8 x columns 2q + {0,1}, then 8 + 2q +
+// {0,1}), i.e. S blocks 2G (rows r, r + 8), then 2G + 1.
+__device__ __forceinline__ void pack_p(uint32_t (&p)[32], const float (&s)[64]) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float head = __half2float(__float2half_rn(xs[h]));
-    a[h] = q == 0 ? pack_half2(head, xs[h] - head) : 0u;
-  }
-  a[2] = a[3] = 0u;
-}
-
-// acc = alpha acc + f PV_j (f = s1 / PSCALE: the tile's product back to p's units), l = alpha l
-// + r, in FP32 on the CUDA cores, as the emulation merges. Register i is row r + 8((i >> 1) & 1).
-__device__ __forceinline__ void merge_tile(float (&acc)[64], const float (&pv)[64], float (&l)[2],
-                                           const float (&alpha)[2], const float (&f)[2],
-                                           const float (&r)[2]) {
+  for (int G = 0; G < 8; ++G)
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    const int h = (i >> 1) & 1;
-    acc[i] = fmaf(pv[i], f[h], acc[i] * alpha[h]);
-  }
-  l[0] = l[0] * alpha[0] + r[0];
-  l[1] = l[1] * alpha[1] + r[1];
+    for (int h = 0; h < 2; ++h) {
+      const int i0 = 4 * (2 * G) + 2 * h, i1 = 4 * (2 * G + 1) + 2 * h;
+      p[4 * G + h] = pack_half2(s[i0], s[i0 + 1]);
+      p[4 * G + 2 + h] = pack_half2(s[i1], s[i1 + 1]);
+    }
 }
 
 }  // namespace nvfp4

@@ -74,9 +74,12 @@ struct Traits {
   static constexpr int K_OFF = 0, V_OFF = TILE_BYTES, MEAN_OFF = 2 * TILE_BYTES;
   static constexpr int BIAS_OFF = MEAN_OFF + MEAN_BYTES;
   static constexpr int STAGE_BYTES = (BIAS_OFF + BIAS_BYTES + 1023) / 1024 * 1024;
-  static constexpr int BAR_OFF = STAGE_OFF + STAGES * STAGE_BYTES;  // full[], empty[], q
+  // K's ring and V's ring (full[], empty[], q each; Q's barrier is K's): a stage's K is free
+  // once the next QK has read it, its V only once PV has, a tile later
+  static constexpr int BAR_OFF = STAGE_OFF + STAGES * STAGE_BYTES;
   static constexpr int BAR_BYTES = (2 * STAGES + 1) * 8;
-  static constexpr int ALLOC = BAR_OFF + BAR_BYTES + 1024;  // + base alignment
+  static constexpr int VBAR_OFF = BAR_OFF + BAR_BYTES;
+  static constexpr int ALLOC = VBAR_OFF + BAR_BYTES + 1024;  // + base alignment
   static_assert(ALLOC <= 227 * 1024, "shared memory");
 };
 
