@@ -84,6 +84,17 @@ def implementation_label(method: Method | str, options: dict, backend: str, on_c
     return implementation(m, options) or "emulate"
 
 
+def rope_placement(method: Method | KernelMethod | str, options: dict, backend: str,
+                   on_cuda: bool) -> str:
+    """Where RoPE handed to `method` (`attention(..., rope=...)`) runs here under `backend`:
+    "quantizers" (the GPU backend that runs the plan rotates q and k on load) or "eager" (they
+    are rotated first: the emulation, a backend without the fusion, an external kernel)."""
+    m = get_method(method) if isinstance(method, str) else method
+    if isinstance(m, KernelMethod) or backend == "emulate" or not on_cuda:
+        return "eager"
+    return "quantizers" if fuses_rope(backends.select(m.plan(options or {}))) else "eager"
+
+
 def gpu_kernels(plan: Plan) -> list[tuple[str, str | None]]:
     """The GPU backends that compute `plan`, in priority order, each with None (it runs here)
     or why not (one backend list decides this and `attention`'s choice)."""
