@@ -14,10 +14,9 @@ import pytest
 import torch
 from interpreted import INTERPRETED, rerun_interpreted
 
-from vcbench.analysis.fusion import rope_tables
 from vcbench.errors import UserError
 from vcbench.kernels import METHODS, attention, register_kernel
-from vcbench.kernels.spec.rope import Rope, apply_rope
+from vcbench.kernels.spec.rope import Rope, apply_rope, rope_tables
 
 B, H, N, D = 1, 2, 200, 64  # a full 128-token tile and a padded one
 
@@ -90,6 +89,18 @@ if not INTERPRETED:
         attention(q, k, v, "test-rope-probe", rope=rope)
         assert torch.equal(seen["q"], apply_rope(q, rope))
         assert torch.equal(seen["k"], apply_rope(k, rope))
+
+    def test_only_the_triton_8bit_backend_fuses_rope():
+        from vcbench.kernels import fuses_rope, rope_placement
+        from vcbench.kernels.backends import BACKENDS
+
+        assert [b.name for b in BACKENDS.values() if fuses_rope(b)] == ["vcbench-triton"]
+        triton = BACKENDS.get("vcbench-triton")
+        rope = inputs()[3]
+        assert fuses_rope(triton, rope)
+        assert not fuses_rope(triton, Rope(rope.cos.double(), rope.sin.double()))  # FP32 only
+        assert not fuses_rope(None)  # the emulation rotates first
+        assert rope_placement("vc-8bit", {}, "gpu", on_cuda=False) == "eager"
 
 else:
     import triton

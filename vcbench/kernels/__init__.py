@@ -221,6 +221,8 @@ class Chosen:
             why = None if self.backend else backends.why_none(self.plan, shape, among=method.plan())
         if why is not None:
             raise UserError(f"no GPU kernel for {method.name!r} on this machine ({why})")
+        # whether `prepare` takes q, k before RoPE with a `rope=` (else rotate them first)
+        self.fuses_rope = fuses_rope(self.backend)
         self.prepare = (None if self.backend is None or self.backend.prepare is None else
                         lambda q, k, v, **call: self.backend.prepare(q, k, v, self.plan, **call))
         self.kernel = (None if self.prepare is None else

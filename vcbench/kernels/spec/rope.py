@@ -71,6 +71,16 @@ class Rope:
         return self.cos.dtype == torch.float32
 
 
+def rope_tables(n: int, d: int, device, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables (N, D), FP32, each frequency repeated on its channel pair (one
+    position axis; Wan splits the channels over three, the arithmetic is the same): the tables
+    of synthetic calls (timing, Figure 7, tests)."""
+    freqs = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=device) / d)
+    angles = torch.arange(n, dtype=torch.float64, device=device)[:, None] * freqs
+    angles = angles.repeat_interleave(2, dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
 def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     """x (B, H, N, D) rotated as diffusers' WanAttnProcessor rotates it, in x's dtype."""
     cos, sin = rope.cos.to(x.device), rope.sin.to(x.device)
