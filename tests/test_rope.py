@@ -7,7 +7,7 @@ bit-equal to quantizing the eagerly rotated tensors, under Triton's CPU interpre
 subprocess: TRITON_INTERPRET must be set before Triton compiles anything), on tensors with
 token and channel outliers, for the VC methods with and without the QK Hadamard, with the
 V-Smooth gather, in BF16 and FP16. Both sides there run the interpreter's own FP8 cast, so
-the E4M3 codes compare too.
+the E4M3 codes compare too; against the emulation itself, the INT8 codes and every scale.
 """
 
 import pytest
@@ -109,6 +109,7 @@ else:
     from vcbench.kernels import get_method
     from vcbench.kernels.backends.triton.operands import prepare_gpu
     from vcbench.kernels.backends.triton.quantize import _round_bf16
+    from vcbench.kernels.reference.engine import prepare
     from vcbench.kernels.reference.vsmooth import group
 
     CASES = {"vc-8bit": {}, "vc-8bit, no hadamard": {"hadamard_qk": False},
@@ -133,6 +134,18 @@ else:
             assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
                                b.view(torch.uint8) if b.element_size() == 1 else b), name
         assert not torch.equal(fused.k.view(torch.uint8), plain.k.view(torch.uint8))
+
+    @pytest.mark.parametrize("case", [c for c in CASES if "fp8qk" not in c])
+    def test_fused_rope_int8_codes_and_scales_equal_the_emulations(case):
+        # against the oracle itself (torch's eager rotation, then the emulation's quantizers):
+        # INT8 Q/K codes and every scale; E4M3 codes go through the interpreter's own FP8 cast
+        q, k, v, rope = inputs(seed=6)
+        plan = get_method(case.split(",")[0]).plan(CASES[case])
+        emu = prepare(q, k, v, plan, rope=rope)
+        ops = prepare_gpu(q, k, v, plan, permutation=emu.permutation, rope=rope)
+        for got, want in ((ops.q, emu.q.codes), (ops.k, emu.k.codes), (ops.q_scale, emu.q.scale),
+                          (ops.k_scale, emu.k.scale), (ops.v_scale, emu.v.scale)):
+            assert torch.equal(got.float(), want.float())
 
     def test_a_strided_nhd_view_rotates_the_same_rows():
         q, k, v, rope = inputs(seed=5)
