@@ -90,6 +90,39 @@ if not INTERPRETED:
         assert torch.equal(seen["q"], apply_rope(q, rope))
         assert torch.equal(seen["k"], apply_rope(k, rope))
 
+    @pytest.mark.parametrize("kernel", ["_quantize_rows", "_token_sums"])
+    def test_the_fused_rope_compiles_for_sm90_without_an_fma(kernel):
+        # what the interpreter cannot see: the kernels build for the GPU, and the rotation's
+        # products stay rounded on their own (no FMA beyond the kernel's without RoPE)
+        import re
+
+        triton = pytest.importorskip("triton", reason="Triton is not installed")
+        from triton.compiler import ASTSource
+
+        try:
+            from triton.backends.compiler import GPUTarget
+        except ImportError:  # pragma: no cover - a Triton without the NVIDIA backend
+            pytest.skip("Triton has no NVIDIA backend here")
+        from vcbench.kernels.backends.triton import quantize as tq
+
+        fn = getattr(tq, kernel)
+        pointers = {"X": "bf16", "Perm": "i32", "Mean": "fp32", "Out": "i8", "Scale": "fp32",
+                    "Cos": "fp32", "Sin": "fp32", "Sums": "fp64"}
+        base = (dict(ROWS=16, D=128, FMT=0, HAS_PERM=True, HAS_MEAN=True, MULTIPLY=True,
+                     HADAMARD=True, LOG2_D=7) if kernel == "_quantize_rows"
+                else dict(ROWS=64, D=128, TILES=16))
+
+        def fmas(rope):
+            constexprs = {**base, "ROPE": rope}
+            signature = {n: "constexpr" if n in constexprs else "*" + pointers[n] if n in pointers
+                         else "fp32" if n in ("multiplier", "norm") else "i32"
+                         for n in fn.arg_names}
+            ptx = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                                 target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+            return len(re.findall(r"\bfma\.", ptx))
+
+        assert fmas(tq.ROUND_BF16) == fmas(tq.ROUND_FP16) == fmas(tq.ROUND_NONE)
+
     def test_only_the_triton_8bit_backend_fuses_rope():
         from vcbench.kernels import fuses_rope, rope_placement
         from vcbench.kernels.backends import BACKENDS
