@@ -77,6 +77,21 @@ if not INTERPRETED:
         with pytest.raises(UserError, match="rope must be"):
             attention(q, k, v, "vc-8bit", rope=rope.cos)
 
+    def test_the_custom_op_carries_the_tables_eager_and_compiled():
+        from vcbench.kernels import ops
+
+        q, k, v, rope = inputs(seed=7)
+        want = attention(q, k, v, "vc-8bit", rope=(rope.cos, rope.sin))
+        assert torch.equal(ops.attention(q, k, v, "vc-8bit", rope=(rope.cos, rope.sin)), want)
+        nhd = [x.transpose(1, 2) for x in (q, k, v)]
+        wan = (rope.cos[None, :, None], rope.sin[None, :, None])
+        got = ops.attention(*nhd, "vc-8bit", tensor_layout="NHD", rope=wan)
+        assert torch.equal(got.transpose(1, 2), want)
+        compiled = torch.compile(lambda a, b, c, cos, sin: ops.attention(a, b, c, "vc-8bit",
+                                                                          rope=(cos, sin)),
+                                 backend="eager", fullgraph=True)
+        assert torch.equal(compiled(q, k, v, rope.cos, rope.sin), want)
+
     def test_an_external_kernel_gets_rotated_q_and_k():
         seen = {}
 
