@@ -48,6 +48,7 @@ def test_fused_rope_makes_the_pipelines_clip(tiny, method):
         assert fused.rope_routed[name] == (fused.routed[name] if name in self_attn else 0)
         assert fused.routed[name] == outside.routed[name] and fused.plain == outside.plain
     assert fused.actions == outside.actions
+    assert not fused.rope_unfusable  # Wan's tables are FP32: the fused kernels take them
 
 
 def test_restore_puts_the_original_processors_back(tiny):

@@ -231,6 +231,8 @@ class GenerateRun:
 
         placed = rope_placement(item.method, self.method_options[item.method], self.req.backend,
                                 str(self.model.device).startswith("cuda"))
+        if active.rope_unfusable:  # tables that are not FP32: rotated first everywhere
+            placed = "eager"
         return {name: placed if path == "fused" else path
                 for name, path in active.rope_paths().items()}
 

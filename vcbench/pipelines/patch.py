@@ -211,6 +211,7 @@ class AttentionPatch:
         self.routed: Counter[str] = Counter()  # calls computed by the method, per module
         self.plain: Counter[str] = Counter()  # calls left on SDPA (cross-attention)
         self.rope_routed: Counter[str] = Counter()  # routed calls given q, k before RoPE
+        self.rope_unfusable: Counter[str] = Counter()  # of those, with tables no kernel fuses
         self._rope_taken: set[str] = set()  # transformers whose RoPE this patch took over
         self.actions: dict[int, str] = {}  # step -> grouping action taken (V-Smooth methods)
         self.regroups: Counter[int] = Counter()  # step -> groupings computed (k-means runs)
@@ -305,6 +306,7 @@ class AttentionPatch:
         self.routed.clear()
         self.plain.clear()
         self.rope_routed.clear()
+        self.rope_unfusable.clear()
         self.state = _RunState()
 
     def _pin_native(self, module: torch.nn.Module) -> None:
@@ -415,6 +417,8 @@ class AttentionPatch:
         if cos is not None:
             self.rope_routed[route.name] += 1
             rope = Rope.from_tables((cos, sin), tuple(query.shape), "HND")
+            if not rope.fusable():  # not FP32: every implementation rotates first
+                self.rope_unfusable[route.name] += 1
             if self.observe is not None or attn_mask is not None:
                 # the observer saves post-RoPE tensors; a masked call slices them by token
                 query, key, rope = apply_rope(query, rope), apply_rope(key, rope), None
