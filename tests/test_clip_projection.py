@@ -216,6 +216,9 @@ def test_tiny_run_folder_into_the_report(tmp_path):
     vc = parts[parts.method == "vc-8bit"].set_index("kind")
     assert dict(vc.calls_in_clip) == {"regroup": 2, "reuse": 2, "plain": 12}
     assert set(parts.part) == {"text_encode", "transformer", "vae_decode"}
+    # the patch handed Wan's RoPE to the methods; the emulation rotates q and k first
+    assert set(parts[parts.part == "transformer"].rope) == {"eager"}
+    assert list(table.rope) == ["eager", "eager"] and "RoPE inside each transformer call" in label
     clip = table.set_index("method").clip_s
     assert np.isfinite(clip).all() and (clip > 0).all()
     # without compile nothing of it shows

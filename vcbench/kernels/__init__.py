@@ -2,6 +2,7 @@
 
     vcbench.attention(q, k, v, "vc-8bit")                     # emulation, any device
     vcbench.attention(q, k, v, "sage2-8bit", tensor_layout="NHD", q_granularity="block")
+    vcbench.attention(q, k, v, "vc-8bit", rope=(cos, sin))    # q, k before Wan's RoPE
 
 Three layers, imported one way (spec <- reference <- backends), and this module, the only one
 that sees all three:
@@ -29,6 +30,7 @@ from vcbench.kernels.reference.engine import emulate
 from vcbench.kernels.reference.vsmooth import group as reference_group
 from vcbench.kernels.spec.method import AttentionContext, KernelMethod, Method, Plan
 from vcbench.kernels.spec.methods import attnqat, bf16, fp8_fa4, sage2, sage3, vc
+from vcbench.kernels.spec.rope import Rope, apply_rope
 from vcbench.kernels.spec.vsmooth import Grouping, VSmoothConfig
 from vcbench.registry import Registry
 
@@ -43,7 +45,7 @@ BACKEND_CHOICES = ("emulate", "gpu", "auto")
 # Options that are per-call data, not part of the method's plan.
 CALL_OPTIONS = ("permutation", "grid", "centroids", "sm_scale")
 __all__ = ["METHODS", "REFERENCE_METHOD", "AttentionContext", "KernelMethod", "Method", "Plan",
-           "attention", "chosen", "describe_method", "get_method", "group", "implementation",
+           "Rope", "attention", "chosen", "describe_method", "get_method", "group", "implementation",
            "implementation_label", "list_methods", "method_table", "register_kernel"]
 
 
@@ -80,6 +82,17 @@ def implementation_label(method: Method | str, options: dict, backend: str, on_c
     if backend == "emulate" or not on_cuda:
         return "emulate"
     return implementation(m, options) or "emulate"
+
+
+def rope_placement(method: Method | KernelMethod | str, options: dict, backend: str,
+                   on_cuda: bool) -> str:
+    """Where RoPE handed to `method` (`attention(..., rope=...)`) runs here under `backend`:
+    "quantizers" (the GPU backend that runs the plan rotates q and k on load) or "eager" (they
+    are rotated first: the emulation, a backend without the fusion, an external kernel)."""
+    m = get_method(method) if isinstance(method, str) else method
+    if isinstance(m, KernelMethod) or backend == "emulate" or not on_cuda:
+        return "eager"
+    return "quantizers" if fuses_rope(backends.select(m.plan(options or {}))) else "eager"
 
 
 def gpu_kernels(plan: Plan) -> list[tuple[str, str | None]]:
@@ -208,6 +221,8 @@ class Chosen:
             why = None if self.backend else backends.why_none(self.plan, shape, among=method.plan())
         if why is not None:
             raise UserError(f"no GPU kernel for {method.name!r} on this machine ({why})")
+        # whether `prepare` takes q, k before RoPE with a `rope=` (else rotate them first)
+        self.fuses_rope = fuses_rope(self.backend)
         self.prepare = (None if self.backend is None or self.backend.prepare is None else
                         lambda q, k, v, **call: self.backend.prepare(q, k, v, self.plan, **call))
         self.kernel = (None if self.prepare is None else
@@ -242,7 +257,8 @@ def _fallback_note(method: str, reason: str) -> None:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
-              tensor_layout: str = "HND", backend: str = "emulate", **options: Any) -> torch.Tensor:
+              tensor_layout: str = "HND", backend: str = "emulate", rope=None,
+              **options: Any) -> torch.Tensor:
     """Non-causal self-attention computed as `method`'s kernel computes it.
 
     q, k, v: (B, H, N, D) for HND or (B, N, H, D) for NHD, one shape, head dim 64 or 128, any
@@ -251,6 +267,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
     docs/methods.md); an unknown option is an error. backend: "emulate" (any device), "gpu"
     (the first GPU backend that takes the plan; an error if none does) or "auto" (that backend
     for CUDA inputs it takes, else the emulation).
+
+    rope: (cos, sin), Wan's RoPE tables ((N, D), or 4-D broadcast over batch and heads in q's
+    layout; `spec.rope`): q and k are given before RoPE, and the result is exactly that of
+    rotating them as diffusers does, then calling the method. The 8-bit Triton quantizers apply
+    the rotation on load (`fuses_rope`); every other implementation, and an external kernel,
+    gets q and k rotated first.
     """
     m = get_method(method)
     if tensor_layout not in LAYOUTS:
@@ -258,7 +280,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
     if backend not in BACKEND_CHOICES:
         raise UserError(f"backend must be one of {', '.join(BACKEND_CHOICES)}, got {backend!r}")
     check_inputs(q, k, v)
+    rotary = None if rope is None else Rope.from_tables(rope, tuple(q.shape), tensor_layout)
     if isinstance(m, KernelMethod):  # the user's callable, whatever the backend choice
+        if rotary is not None:
+            q, k = _rotated(q, k, rotary, tensor_layout)
         return _run_kernel(m, q, k, v, tensor_layout, options)
     opts = m.resolve(options)
     plan = m.build(opts)
@@ -278,10 +303,26 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
     if chosen is not None:
         if q.dtype not in (torch.bfloat16, torch.float16):
             raise UserError(f"the GPU kernels take bf16 or fp16 inputs, got {q.dtype}")
-        out = chosen.run(q, k, v, plan, call)
+        if rotary is not None and not fuses_rope(chosen, rotary):
+            q, k, rotary = apply_rope(q, rotary), apply_rope(k, rotary), None
+        out = chosen.run(q, k, v, plan, call if rotary is None else {**call, "rope": rotary})
     else:  # the emulation groups V itself (torch's k-means on the FP32 values) when asked to
-        out = emulate(q, k, v, plan, **call)
+        out = emulate(q, k, v, plan, rope=rotary, **call)
     return out.transpose(1, 2) if tensor_layout == "NHD" else out
+
+
+def fuses_rope(backend: backends.Backend | None, rope: Rope | None = None) -> bool:
+    """Whether `backend` applies RoPE inside its Q and K quantizers (with these tables); the
+    emulation (None) applies it eagerly first, as a pipeline does: the oracle of the fusion."""
+    return (backend is not None and backend.fused_rope
+            and (rope is None or rope.fusable()))
+
+
+def _rotated(q, k, rope: Rope, layout: str):
+    """q and k rotated by `rope` eagerly, in their layout."""
+    if layout == "NHD":
+        return (apply_rope(x.transpose(1, 2), rope).transpose(1, 2) for x in (q, k))
+    return apply_rope(q, rope), apply_rope(k, rope)
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

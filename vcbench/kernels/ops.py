@@ -8,7 +8,7 @@ hashes), the emulation's Python or a Triton launch Inductor cannot lower. The op
 `vcbench.kernels.attention`, so its output is the eager call's, bit for bit.
 
 The schema carries tensors and plain scalars only: q, k, v (HND), the per-call tensors
-(`permutation`, `centroids`), the grid, `sm_scale`, the backend choice, and the method's other
+(`permutation`, `centroids`, RoPE's cos and sin tables), the grid, `sm_scale`, the backend choice, and the method's other
 options resolved and serialized as canonical JSON (sorted keys), so equal options make equal
 graphs and guards.
 """
@@ -31,19 +31,24 @@ TENSOR_CALL_OPTIONS = ("permutation", "centroids")
 @torch.library.custom_op("vcbench::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str, options: str,
                   permutation: torch.Tensor | None, centroids: torch.Tensor | None,
-                  grid: list[int] | None, sm_scale: float | None, backend: str) -> torch.Tensor:
+                  grid: list[int] | None, sm_scale: float | None, backend: str,
+                  rope_cos: torch.Tensor | None = None,
+                  rope_sin: torch.Tensor | None = None) -> torch.Tensor:
     call: dict[str, Any] = dict(json.loads(options))
     for name, value in (("permutation", permutation), ("centroids", centroids),
                         ("grid", None if grid is None else tuple(grid)), ("sm_scale", sm_scale)):
         if value is not None:
             call[name] = value
-    out = eager_attention(q, k, v, method, tensor_layout="HND", backend=backend, **call)
+    rope = None if rope_cos is None else (rope_cos, rope_sin)
+    out = eager_attention(q, k, v, method, tensor_layout="HND", backend=backend, rope=rope,
+                          **call)
     # Every implementation returns contiguous (B, H, N, D); the fake promises exactly that.
     return out.contiguous()
 
 
 @_attention_op.register_fake
-def _(q, k, v, method, options, permutation, centroids, grid, sm_scale, backend):
+def _(q, k, v, method, options, permutation, centroids, grid, sm_scale, backend, rope_cos=None,
+      rope_sin=None):
     return q.new_empty(q.shape)
 
 
@@ -80,7 +85,8 @@ def _json(x: Any) -> str:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
-              tensor_layout: str = "HND", backend: str = "emulate", **options: Any) -> torch.Tensor:
+              tensor_layout: str = "HND", backend: str = "emulate", rope=None,
+              **options: Any) -> torch.Tensor:
     """`vcbench.attention` through the custom op: same arguments, same result."""
     if tensor_layout not in LAYOUTS:
         raise UserError(f"tensor_layout must be one of {', '.join(LAYOUTS)}, got {tensor_layout!r}")
@@ -89,10 +95,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str,
     serialized = serialize_options(method, options)
     grid = options.get("grid")
     scale = options.get("sm_scale")
+    if rope is not None and not (isinstance(rope, (tuple, list)) and len(rope) == 2):
+        raise UserError("rope must be (cos, sin): two tables of the token positions' cosines "
+                        "and sines")
+    cos, sin = (None, None) if rope is None else rope
     if tensor_layout == "NHD":
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        if cos is not None and cos.dim() == 4:  # (1, N, 1, D) in q's NHD layout, read as HND
+            cos, sin = cos.transpose(1, 2), sin.transpose(1, 2)
     out = torch.ops.vcbench.attention(
         q, k, v, method, serialized, options.get("permutation"), options.get("centroids"),
         None if grid is None else [int(g) for g in grid], None if scale is None else float(scale),
-        backend)
+        backend, cos, sin)
     return out.transpose(1, 2) if tensor_layout == "NHD" else out

@@ -42,7 +42,13 @@ from vcbench.kernels import check_runnable, describe_method, get_method
 from vcbench.kernels.spec.vsmooth import GroupingSchedule
 from vcbench.pipelines import distributed, registry
 from vcbench.pipelines.loaded import ClipSettings, LoadedModel, nonfinite_frames, to_uint8
-from vcbench.pipelines.patch import SCHEDULE_OPTIONS, compile_denoisers, compile_seconds, patch
+from vcbench.pipelines.patch import (
+    SCHEDULE_OPTIONS,
+    compile_denoisers,
+    compile_seconds,
+    patch,
+    rope_paths,
+)
 from vcbench.pipelines.progress import ClipProgress
 from vcbench.pipelines.prompts import Prompt
 from vcbench.pipelines.video_io import (
@@ -216,6 +222,19 @@ class GenerateRun:
                 "random_weights": self.model.random_weights, "backend": req.backend,
                 **({"lora_path": str(req.lora_path)} if req.lora_path else {}),
                 **({"compile": True} if req.compile else {})}
+
+    def rope(self, item: Item, active) -> dict[str, str]:
+        """Where each transformer's RoPE ran for this clip: "quantizers" or "eager" (the patch
+        handed it to the method, whose implementation rotated q and k on load or first;
+        `kernels.rope_placement`) or "outside" (the pipeline applied it)."""
+        from vcbench.kernels import rope_placement
+
+        placed = rope_placement(item.method, self.method_options[item.method], self.req.backend,
+                                str(self.model.device).startswith("cuda"))
+        if active.rope_unfusable:  # tables that are not FP32: rotated first everywhere
+            placed = "eager"
+        return {name: placed if path == "fused" else path
+                for name, path in active.rope_paths().items()}
 
     def implementation(self, item: Item) -> str:
         """What computed this clip's attention: "emulate" or the GPU kernel's label."""
@@ -405,6 +424,7 @@ def _make_clip(run: GenerateRun, item: Item, active, bar: ClipProgress) -> None:
                             "frames_dir": f"{rel}/frames", "mp4": mp4, **extra,
                             "sha256": digest, "num_frames_written": int(frames.shape[0]),
                             "implementation": run.implementation(item),
+                            "rope": run.rope(item, active),
                             "grouping_actions": {str(k): v for k, v in sorted(active.actions.items())},
                             "attention_calls": sum(active.routed.values())})
 
@@ -470,6 +490,7 @@ def _config(req, model, settings, method_options, world) -> dict[str, Any]:
             "random_weights": model.random_weights, "methods": req.methods,
             "method_options": method_options, "schedule": _schedule(req),
             "method_info": {m: describe_method(m) for m in req.methods},
+            "rope": rope_paths(model.pipe),
             "prompts": [asdict(p) for p in req.prompts], "seeds": req.seeds, **asdict(settings),
             "backend": req.backend, "device": str(model.device), "dtype": str(model.dtype),
             "world_size": world, **({"compile": True} if req.compile else {})}

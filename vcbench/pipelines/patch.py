@@ -12,6 +12,13 @@ How the swap works, and why this way:
   module ends in SDPA (packed text-video joint attention included: it is one SDPA call).
 * A processor pinned to another backend (flash, sage...) would never reach SDPA, so for the
   duration of the patch such a module gets a copy of its processor pinned to `native`.
+* Wan's self-attention hands RoPE to the method (`wan_rope.py`): for the duration of the
+  patch a module whose processor is diffusers' `WanAttnProcessor` gets a processor that
+  computes q, k, v as diffusers does up to RoPE and routes them before RoPE, with the RoPE
+  tables, through the same op as the SDPA hook (`vcbench.attention(..., rope=...)`: the same
+  result as rotating first; the 8-bit Triton quantizers rotate on load, as the paper's fused
+  preprocessing does). Every other model's RoPE is applied by the pipeline before SDPA.
+  `rope_paths(pipe)` says which transformer takes which path; a run records it.
 * Attention modules outside diffusers are found by class (`SDPA_CORES`): their attention core,
   a method taking post-RoPE (B, H, N, D) q, k, v, calls flash-attn or xformers rather than SDPA,
   so for the duration of the patch the module gets an instance attribute of that name computing
@@ -65,7 +72,9 @@ from torch.overrides import TorchFunctionMode
 
 from vcbench.errors import UserError
 from vcbench.kernels import AttentionContext, KernelMethod, attention, get_method, group
+from vcbench.kernels.spec.rope import Rope, apply_rope
 from vcbench.kernels.spec.vsmooth import PLAIN_STEP_OPTIONS, Grouping, GroupingSchedule
+from vcbench.pipelines.wan_rope import WanRopeProcessor, takes_over
 
 # Attention modules outside diffusers, by (module, class): the method computing attention from
 # post-RoPE (B, H, N, D) q, k, v (with the module's `scale`). Only self-attention is listed.
@@ -105,13 +114,17 @@ def _(x, patch, grid):
 @torch.library.custom_op("vcbench::patched_attention", mutates_args=(), tags=_STATEFUL)
 def _patched_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        attn_mask: torch.Tensor | None, begun: torch.Tensor, patch: int,
-                       route: torch.Tensor, scale: float | None) -> torch.Tensor:
+                       route: torch.Tensor, scale: float | None,
+                       rope_cos: torch.Tensor | None = None,
+                       rope_sin: torch.Tensor | None = None) -> torch.Tensor:
     # `begun` (patch_begin's result) is unused here: it orders this call after patch_begin.
-    return _PATCHES[patch]._routed_call(int(route), q, k, v, attn_mask, scale).contiguous()
+    # rope_cos / rope_sin: q and k come before RoPE (a module whose RoPE the patch took over)
+    return _PATCHES[patch]._routed_call(int(route), q, k, v, attn_mask, scale, rope_cos,
+                                        rope_sin).contiguous()
 
 
 @_patched_attention.register_fake
-def _(q, k, v, attn_mask, begun, patch, route, scale):
+def _(q, k, v, attn_mask, begun, patch, route, scale, rope_cos=None, rope_sin=None):
     return q.new_empty(q.shape)
 
 
@@ -186,6 +199,7 @@ class AttentionPatch:
     backend: str = "emulate"
     route_cross: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    fuse_rope: bool = True  # False: Wan's RoPE stays in the pipeline (the A/B of the fusion)
     schedule_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -196,6 +210,9 @@ class AttentionPatch:
         self.wants_context = kernel and m.context
         self.routed: Counter[str] = Counter()  # calls computed by the method, per module
         self.plain: Counter[str] = Counter()  # calls left on SDPA (cross-attention)
+        self.rope_routed: Counter[str] = Counter()  # routed calls given q, k before RoPE
+        self.rope_unfusable: Counter[str] = Counter()  # of those, with tables no kernel fuses
+        self._rope_taken: set[str] = set()  # transformers whose RoPE this patch took over
         self.actions: dict[int, str] = {}  # step -> grouping action taken (V-Smooth methods)
         self.regroups: Counter[int] = Counter()  # step -> groupings computed (k-means runs)
         self.groupings: dict[tuple[str, int], Grouping] = {}
@@ -245,6 +262,9 @@ class AttentionPatch:
                     self._pin_sdpa(module, core)
                 else:
                     self._pin_native(module)
+                    if self.fuse_rope and takes_over(module):
+                        self._take_rope(module, route)
+                        self._rope_taken.add(tname)
                 self._handles.append(module.register_forward_pre_hook(
                     self._enter(route, _context_position(module)), with_kwargs=True))
                 self._handles.append(module.register_forward_hook(self._leave))
@@ -255,7 +275,7 @@ class AttentionPatch:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        for module, processor in self._saved_processors.items():
+        for module, processor in self._saved_processors.items():  # the original objects
             module.processor = processor
         self._saved_processors.clear()
         for module, name in self._pinned_cores:  # the class's own method shows again
@@ -263,8 +283,14 @@ class AttentionPatch:
         self._pinned_cores.clear()
         self._unwind(None, None, None)  # a patch removed mid-call (an exception in a hook)
         self._route_list.clear()
+        self._rope_taken.clear()
         self._begun = self._grid = None
         self._applied = False
+
+    def rope_paths(self) -> dict[str, str]:
+        """`rope_paths` of this patch as applied: "fused" where it took the RoPE over."""
+        return {name: "fused" if name in self._rope_taken else "outside"
+                for name in denoisers(self.pipe)}
 
     def __enter__(self) -> AttentionPatch:
         return self.apply()
@@ -279,6 +305,8 @@ class AttentionPatch:
         self.regroups.clear()
         self.routed.clear()
         self.plain.clear()
+        self.rope_routed.clear()
+        self.rope_unfusable.clear()
         self.state = _RunState()
 
     def _pin_native(self, module: torch.nn.Module) -> None:
@@ -290,6 +318,15 @@ class AttentionPatch:
         pinned._attention_backend = "native"
         self._saved_processors[module] = processor
         module.processor = pinned
+
+    def _take_rope(self, module: torch.nn.Module, route: _Route) -> None:
+        """The module's processor hands q, k before RoPE and the tables to the routed call."""
+        processor = module.processor
+        self._saved_processors.setdefault(module, processor)
+
+        def routed(q, k, v, mask, cos, sin):
+            return self._sdpa(route, False, q, k, v, attn_mask=mask, rope=(cos, sin))
+        module.processor = WanRopeProcessor(processor, routed)
 
     def _pin_sdpa(self, module: torch.nn.Module, name: str) -> None:
         def core(q, k, v, *args, **kwargs):
@@ -346,13 +383,18 @@ class AttentionPatch:
     # -- the attention call -------------------------------------------------------------------
 
     def _sdpa(self, route: _Route, cross: bool, query, key, value, attn_mask=None, dropout_p=0.0,
-              is_causal=False, scale=None, enable_gqa=False):
+              is_causal=False, scale=None, enable_gqa=False, rope=None):
+        """One attention call of a hooked module; `rope` (cos, sin): query and key come before
+        RoPE (`_take_rope`), which the method applies, or this, for a call left on SDPA."""
         same_shape = query.shape == key.shape == value.shape
         plain = (cross and not self.route_cross) or not same_shape or is_causal or dropout_p
         if plain:
             if cross and self.route_cross and not same_shape:
                 raise UserError(f"route_cross: {route.name} attends {query.shape[-2]} queries to "
                                 f"{key.shape[-2]} keys; the methods take self-attention only")
+            if rope is not None:
+                tables = Rope.from_tables(rope, tuple(query.shape), "HND")
+                query, key, rope = apply_rope(query, tables), apply_rope(key, tables), None
         if self._begun is None:  # the first attention call of this transformer call
             grid = self._grid
             self._begun = torch.ops.vcbench.patch_begin(query, self._id,
@@ -361,19 +403,30 @@ class AttentionPatch:
             return torch.ops.vcbench.plain_attention(
                 query, key, value, attn_mask, self._begun, self._id, route.key, float(dropout_p),
                 bool(is_causal), None if scale is None else float(scale), bool(enable_gqa))
+        cos, sin = (None, None) if rope is None else rope
         return torch.ops.vcbench.patched_attention(query, key, value, attn_mask, self._begun,
                                                    self._id, route.key,
-                                                   None if scale is None else float(scale))
+                                                   None if scale is None else float(scale),
+                                                   cos, sin)
 
-    def _routed_call(self, index: int, query, key, value, attn_mask, scale):
+    def _routed_call(self, index: int, query, key, value, attn_mask, scale, cos=None, sin=None):
         """The body of `vcbench::patched_attention`: runs when the call runs, never traced."""
         route = self._route_list[index]
         self.routed[route.name] += 1
+        rope = None
+        if cos is not None:
+            self.rope_routed[route.name] += 1
+            rope = Rope.from_tables((cos, sin), tuple(query.shape), "HND")
+            if not rope.fusable():  # not FP32: every implementation rotates first
+                self.rope_unfusable[route.name] += 1
+            if self.observe is not None or attn_mask is not None:
+                # the observer saves post-RoPE tensors; a masked call slices them by token
+                query, key, rope = apply_rope(query, rope), apply_rope(key, rope), None
         if self.observe is not None:
             s = self.state
             self.observe(route.name, s.step, s.pass_index, query, key, value, s.grid)
         if attn_mask is None:
-            return self._method(route, query, key, value, scale)
+            return self._method(route, query, key, value, scale, rope)
         return self._masked(route, query, key, value, attn_mask, scale)
 
     def _masked(self, route, query, key, value, attn_mask, scale):
@@ -394,7 +447,7 @@ class AttentionPatch:
                                   attn_mask=mask[b:b + 1, :, pad], scale=scale)
         return out
 
-    def _method(self, route: _Route, q, k, v, scale):
+    def _method(self, route: _Route, q, k, v, scale, rope: Rope | None = None):
         opts = dict(self.options)
         if scale is not None:
             opts["sm_scale"] = float(scale)
@@ -402,7 +455,8 @@ class AttentionPatch:
             opts.update(self._grouping_options(route, v))
         if self.wants_context:
             opts["context"] = self.context(route.name, q.shape[-2])
-        return attention(q, k, v, self.method, tensor_layout="HND", backend=self.backend, **opts)
+        return attention(q, k, v, self.method, tensor_layout="HND", backend=self.backend,
+                         rope=rope, **opts)
 
     def context(self, module: str, tokens: int) -> AttentionContext:
         """Where the current call sits: step, pass, grid, module and token segments."""
@@ -435,17 +489,28 @@ class AttentionPatch:
 
 
 def patch(pipe: Any, method: str, backend: str = "emulate", route_cross: bool = False,
-          **options: Any) -> AttentionPatch:
+          fuse_rope: bool = True, **options: Any) -> AttentionPatch:
     """Route `pipe`'s attention through `method`; use as a context manager or call
     `.restore()`. Options named `schedule_*` set the grouping schedule (placement, fraction,
-    refresh_every, after_window); the others are the method's own options."""
+    refresh_every, after_window); the others are the method's own options. `fuse_rope`: hand
+    Wan's RoPE to the method (the default; the same clip, RoPE inside the quantizers where
+    the kernel fuses it) or leave it in the pipeline."""
     schedule = {SCHEDULE_OPTIONS[k]: options.pop(k) for k in list(options) if k in SCHEDULE_OPTIONS}
     try:
         GroupingSchedule(1, **schedule)
     except (TypeError, ValueError) as e:
         raise UserError(f"grouping schedule: {e}") from None
     return AttentionPatch(pipe, method, backend=backend, route_cross=route_cross,
-                          options=options, schedule_options=schedule).apply()
+                          options=options, schedule_options=schedule,
+                          fuse_rope=fuse_rope).apply()
+
+
+def rope_paths(pipe: Any) -> dict[str, str]:
+    """Where each transformer's RoPE runs under a patch (read before it is applied): "fused"
+    (the patch hands q and k before RoPE, with the tables, to the method: Wan's
+    self-attention) or "outside" (the pipeline applies it before the attention call)."""
+    return {name: "fused" if any(takes_over(m) for m in model.modules()) else "outside"
+            for name, model in denoisers(pipe).items()}
 
 
 def compile_denoisers(pipe: Any, **compile_options: Any):

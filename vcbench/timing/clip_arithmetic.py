@@ -53,12 +53,16 @@ def joined(implementations) -> str:
 
 def transformer_rows(method: str, implementations: dict[str, str], kinds: dict[str, list[int]],
                      samples: dict[str, list[float]], cfg_passes: int,
-                     compile_s: dict[str, float] | None = None) -> list[dict[str, Any]]:
+                     compile_s: dict[str, float] | None = None,
+                     rope: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """The rows of one method's timed calls, each with what ran its kind of step
     (`clip_parts.kind_implementations`); `compile_s` (seconds per kind, spent in that kind's
-    warm-up call and so in none of its samples) marks them as a compiled transformer's."""
+    warm-up call and so in none of its samples) marks them as a compiled transformer's;
+    `rope` (per kind, `clip_parts.kind_rope`) says where RoPE ran inside those calls."""
     rows = [part_row("transformer", method, kind, samples[kind], len(steps) * cfg_passes,
                      implementations[kind], steps=len(steps)) for kind, steps in kinds.items()]
+    for r in rows if rope is not None else ():
+        r["rope"] = rope[r["kind"]]
     for r in rows if compile_s is not None else ():
         r.update(compiled=True, compile_s=compile_s[r["kind"]])
     return rows
@@ -89,12 +93,15 @@ def _projection(parts: pd.DataFrame, speedups: bool) -> pd.DataFrame:
     for method, mine in parts[parts.part == "transformer"].groupby("method", sort=False):
         denoise = float(mine.total_s.sum())
         rows.append({"method": method, "implementation": joined(mine.implementation),
+                     **({"rope": joined(mine.rope.dropna())} if "rope" in mine else {}),
                      "text_encode_s": text, "denoise_s": denoise, "vae_decode_s": vae,
                      "clip_s": text + denoise + vae,
                      "transformer_calls": int(mine.calls_in_clip.sum())})
     # the columns named even without rows: every compiled call may have failed
-    table = pd.DataFrame(rows, columns=["method", "implementation", "text_encode_s", "denoise_s",
-                                        "vae_decode_s", "clip_s", "transformer_calls"])
+    rope = ["rope"] if "rope" in parts else []  # where RoPE ran (parts timed before it: none)
+    table = pd.DataFrame(rows, columns=["method", "implementation", *rope, "text_encode_s",
+                                        "denoise_s", "vae_decode_s", "clip_s",
+                                        "transformer_calls"])
     if table.empty or REFERENCE_METHOD not in set(table.method) or not speedups:
         table["clip_speedup_vs_bf16"] = math.nan
         table["denoise_speedup_vs_bf16"] = math.nan

@@ -13,6 +13,13 @@ Speed does not depend on weight values, so no checkpoint is needed:
     VAE decode     AutoencoderKLWan (the Wan2.1 VAE the A14B pipeline uses), fp32 as
                    `vcbench generate` loads it, decoding the 21x90x160 latent once
 
+RoPE is in every transformer call's time. The patch hands Wan's self-attention RoPE to the
+method (pipelines/wan_rope.py), so each transformer row says where it ran (`rope`):
+"quantizers" (inside the preprocessing: the backend's Q and K quantizers rotate on load) or
+"eager" (PyTorch rotates q and k before the method's kernel, as diffusers would: the
+emulation, BF16's FA4 or cuDNN, any backend without the fusion), comparable with `vcbench
+timeit`'s preprocessing, which prices RoPE the same way.
+
 Wan2.2's guidance (4.0 high-noise, 3.0 low-noise) is above 1 on every step, so every step
 makes two transformer calls (cond and uncond); one is timed per sample (`clip_arithmetic`
 counts it twice). A method that groups (V-Smooth) has a call timed per kind of step of its
@@ -248,6 +255,15 @@ def time_vae_decode(spec: ClipSpec, device, repeats: int, tiling: bool, seed: in
     return part_row("vae_decode", "-", mode, samples, 1, "-")
 
 
+def kind_rope(method: str, kinds, backend: str) -> dict[str, str]:
+    """Where each kind of step's RoPE runs (`kernels.rope_placement`): the Wan transformer's
+    self-attention hands it to the method, so "quantizers" or "eager"."""
+    from vcbench.kernels import rope_placement
+
+    return {kind: rope_placement(method, PLAIN_STEP_OPTIONS if kind == "plain" else {}, backend,
+                                 torch.cuda.is_available()) for kind in kinds}
+
+
 def time_transformer_method(model, spec: ClipSpec, method: str, repeats: int, backend: str,
                             device, dtype, seed: int = 0, compile: bool = False) -> list[dict]:
     """Per kind of step, `repeats` timed calls of the whole transformer with the attention
@@ -260,6 +276,7 @@ def time_transformer_method(model, spec: ClipSpec, method: str, repeats: int, ba
 
     kinds = step_kinds(method, spec.steps)
     implementations = kind_implementations(method, kinds, backend)
+    rope = kind_rope(method, kinds, backend)
     g = torch.Generator(device="cpu").manual_seed(seed)
     latent = torch.randn(spec.latent_shape(), generator=g).to(device, dtype)
     text = torch.randn(1, spec.text_tokens, spec.transformer["text_dim"], generator=g).to(device, dtype)
@@ -289,7 +306,7 @@ def time_transformer_method(model, spec: ClipSpec, method: str, repeats: int, ba
                 for steps in kinds.values():
                     call(steps[0])
             return transformer_rows(method, implementations, kinds, timed_kinds(p),
-                                    spec.cfg_passes)
+                                    spec.cfg_passes, rope=rope)
         uncompile = compile_denoisers(holder)
         # Past Dynamo's recompile limit the transformer would run eager, unsaid: an error instead.
         try:
@@ -300,7 +317,7 @@ def time_transformer_method(model, spec: ClipSpec, method: str, repeats: int, ba
                     call(steps[0])
                     compile_s[kind] = compile_seconds() - compiling
                 return transformer_rows(method, implementations, kinds, timed_kinds(p),
-                                        spec.cfg_passes, compile_s)
+                                        spec.cfg_passes, compile_s, rope=rope)
         finally:
             uncompile()  # before the patch is restored, as generate does
 

@@ -90,7 +90,8 @@ def label(spec: ClipSpec, device: torch.device, backend: str = "gpu") -> str:
     emulated = "" if backend == "gpu" else ", attention emulated in PyTorch, not a kernel"
     return (f"projected from random-weight {spec.name} transformer on {card} "
             f"({spec.source}, {spec.frames} frames {spec.width}x{spec.height}, "
-            f"{spec.steps} steps x {spec.cfg_passes} calls{emulated})")
+            f"{spec.steps} steps x {spec.cfg_passes} calls{emulated}; RoPE inside each "
+            "transformer call, where `rope` says: in the Q/K quantizers or eager)")
 
 
 def project_clip(req: Request, out: Path, spec: ClipSpec = WAN22_720P,

@@ -12,6 +12,14 @@ another plan, which runs most of a clip's steps (30 of Wan2.2's 40) and which a 
 not take. An external kernel (a plugin's callable) is timed as one call: its main kernel's
 median is `attention_ms`, the rest of its launches `preprocess_ms`.
 
+A preset's q and k are taken as coming before Wan's RoPE (random tables of its form,
+spec.rope), and `preprocess_ms` prices RoPE with the rest, as a patched Wan pipeline runs it
+(`rope` says where): "quantizers" (the backend's Q and K quantizers rotate on load), "eager"
+(q and k rotated by PyTorch first: the emulation's order, for a backend without the fusion or
+an external kernel, whose rotation is timed apart and added). Captured tensors (`--tensors`)
+are post-RoPE: `rope` is "none" and no RoPE is priced. So the preprocessing figures compare
+across methods, and with `project-clip`, whose transformer calls hold RoPE too.
+
 What runs each row is asked of `vcbench.kernels.chosen`, the same choice `attention` makes.
 """
 
@@ -24,6 +32,7 @@ import torch
 
 from vcbench.errors import UserError
 from vcbench.kernels import REFERENCE_METHOD, get_method
+from vcbench.kernels.spec.rope import Rope, apply_rope, rope_tables
 from vcbench.kernels.spec.vsmooth import PLAIN_STEP_OPTIONS
 
 PRESETS = {  # (B, H, N, D), paper appendix A
@@ -40,6 +49,7 @@ class Inputs:
     v: torch.Tensor
     grid: tuple[int, int, int] | None
     label: str
+    rope: Rope | None = None  # q and k come before this RoPE (None: they are post-RoPE)
 
 
 def make_inputs(shape: str | None, tensors: str | None, seed: int = 0) -> Inputs:
@@ -53,7 +63,8 @@ def make_inputs(shape: str | None, tensors: str | None, seed: int = 0) -> Inputs
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
                for _ in range(3))
-    return Inputs(q, k, v, None, f"{shape} random normal (B{b} H{h} N{n} D{d})")
+    return Inputs(q, k, v, None, f"{shape} random normal (B{b} H{h} N{n} D{d}), "
+                  "preprocessing with Wan's RoPE", Rope(*rope_tables(n, d, "cuda")))
 
 
 def attention_flops(q: torch.Tensor) -> float:
@@ -78,11 +89,18 @@ def time_plan(name: str, options: dict, x: Inputs, warmup_s: float, window_s: fl
 
     impl = chosen(name, options, tuple(x.q.shape))
     plan = impl.plan
-    row: dict = {"implementation": impl.implementation}
+    rope = x.rope
+    fused = rope is not None and impl.fuses_rope
+    row: dict = {"implementation": impl.implementation,
+                 "rope": "none" if rope is None else "quantizers" if fused else "eager"}
     if impl.prepare is None:  # an external kernel: its preprocessing is inside the call
         whole = time_kernels(lambda: impl.run(x.q, x.k, x.v), warmup_s, window_s)
         row["attention_ms"] = whole.median_ms(whole.main_kernel())
         row["preprocess_ms"] = max(whole.per_call_ms() - row["attention_ms"], 0.0)
+        if rope is not None:  # the rotation the kernel's q and k get first, timed apart
+            rotate = time_kernels(lambda: (apply_rope(x.q, rope), apply_rope(x.k, rope)),
+                                  min(warmup_s, 2.0), min(window_s, 2.0), min_calls=3)
+            row["preprocess_ms"] += rotate.per_call_ms()
         attn = whole
     else:
         perm = None
@@ -96,7 +114,13 @@ def time_plan(name: str, options: dict, x: Inputs, warmup_s: float, window_s: fl
             row["grouping_cold_ms"] = cold.per_call_ms()
             row["grouping_ms"] = warm.per_call_ms()
             perm = first.permutation
-        prep = lambda: impl.prepare(x.q, x.k, x.v, permutation=perm)  # noqa: E731
+        if fused:
+            prep = lambda: impl.prepare(x.q, x.k, x.v, permutation=perm, rope=rope)  # noqa: E731
+        elif rope is not None:
+            prep = lambda: impl.prepare(apply_rope(x.q, rope), apply_rope(x.k, rope), x.v,  # noqa: E731
+                                        permutation=perm)
+        else:
+            prep = lambda: impl.prepare(x.q, x.k, x.v, permutation=perm)  # noqa: E731
         pre = time_kernels(prep, min(warmup_s, 2.0), min(window_s, 2.0), min_calls=3)
         row["preprocess_ms"] = pre.per_call_ms()
         ops = prep()

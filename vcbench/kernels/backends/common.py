@@ -33,7 +33,9 @@ class Backend:
     has them, are its two halves. `label` says in a few words what computes the plan;
     `aliases` are the short names a preference may use (VCBENCH_KERNEL=triton); a
     `fidelity_only` backend computes a plan's bits but not at its format's speed (NVFP4 on
-    16-bit tensor cores), so every time it gives is shown with its label."""
+    16-bit tensor cores), so every time it gives is shown with its label. A `fused_rope`
+    backend's preprocessing takes q and k before RoPE and a per-call `rope` (spec.rope.Rope)
+    and rotates them in its quantizers; any other gets q and k rotated first."""
 
     name: str
     available: Callable[[], str | None]
@@ -44,6 +46,7 @@ class Backend:
     label: str = ""
     aliases: tuple[str, ...] = ()
     fidelity_only: bool = False
+    fused_rope: bool = False
 
 
 @lru_cache(maxsize=1)

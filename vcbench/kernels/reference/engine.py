@@ -1,6 +1,6 @@
 """The tiled online-softmax engine every emulation runs through (paper Equation 1 and 6).
 
-`prepare` does what the fused preprocessing kernels do (scale folding, K/Q smoothing, the
+`prepare` does what the fused preprocessing kernels do (RoPE, scale folding, K/Q smoothing, the
 V-Smooth gather and block demeaning, Hadamard rotations, padding, quantization, a non-finite
 input's NaN carried into V's scales) and returns the quantized operands. `run` then walks
 the key/value tiles exactly as a FlashAttention kernel does: all query rows at once (rows are
@@ -37,6 +37,7 @@ from vcbench.kernels.spec.granularity import (
     nonfinite_poison,
 )
 from vcbench.kernels.spec.method import SUPPORTED_HEAD_DIMS, Plan
+from vcbench.kernels.spec.rope import Rope, apply_rope
 from vcbench.kernels.spec.rotation import hadamard, rotate
 
 LOG2E = 1.0 / math.log(2.0)
@@ -99,9 +100,13 @@ def pad_tokens(x: torch.Tensor, multiple: int) -> torch.Tensor:
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
             permutation: torch.Tensor | None = None, grid: Any = None,
             centroids: torch.Tensor | None = None, sm_scale: float | None = None,
-            keep_exact_v: bool = False) -> Operands:
-    """HND inputs -> quantized operands, as the fused preprocessing kernels produce them."""
+            rope: Rope | None = None, keep_exact_v: bool = False) -> Operands:
+    """HND inputs -> quantized operands, as the fused preprocessing kernels produce them.
+    `rope`: Q and K are given before RoPE, which is applied first, in their dtype, exactly as
+    the pipeline applies it eagerly (spec.rope)."""
     check_inputs(q, k, v)
+    if rope is not None:
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     n, d = q.shape[-2], q.shape[-1]

@@ -2,7 +2,8 @@
 
 TRITON   vcbench's fused preprocessing and 8-bit attention kernel (`operands.py`, `quantize.py`,
          `attention.py`): any shape the emulation takes; the bit-faithful GPU reference for
-         the 8-bit plans, and the fallback of the compiled kernel.
+         the 8-bit plans, and the fallback of the compiled kernel. Its Q and K quantizers
+         apply a call's RoPE on load (`fused_rope`).
 NVFP4    the NVFP4 plans (`nvfp4.py`, `nvfp4_attention.py`): E2M1 codes and E4M3 microscales
          bit-equal to the emulation's, dequantized exactly to FP16 and multiplied on 16-bit
          tensor cores. A fidelity kernel: its name says NVFP4 on FP16 MMA wherever its times
@@ -35,7 +36,7 @@ def _available() -> str | None:
 
 TRITON = Backend("vcbench-triton", _available, unsupported_reason,
                  split_prepared(prepare_gpu, run_prepared), prepare_gpu, run_prepared,
-                 label="vcbench's Triton kernel (8-bit)", aliases=("triton",))
+                 label="vcbench's Triton kernel (8-bit)", aliases=("triton",), fused_rope=True)
 
 
 def prepare_nvfp4(q, k, v, plan, **call):

@@ -79,8 +79,10 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 
 def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=None,
-                sm_scale=None) -> GpuOperands:
-    """The fused preprocessing: HND 16-bit inputs -> quantized operands."""
+                sm_scale=None, rope=None) -> GpuOperands:
+    """The fused preprocessing: HND 16-bit inputs -> quantized operands. With `rope`
+    (spec.rope.Rope, FP32 tables), q and k come before RoPE and the Q and K quantizers (and
+    K's token mean) rotate them on load."""
     from vcbench.kernels.backends.triton import quantize as tq
 
     reason = unsupported_reason(plan)
@@ -101,25 +103,33 @@ def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=N
 
     rotated = plan.hadamard_qk
     norm = tq.hadamard_norm(d) if rotated else 1.0
+    if rope is not None and not rope.fusable():
+        raise UserError("the fused RoPE takes FP32 tables")
+    tables = (None, None) if rope is None else (rope.cos.to(dev).contiguous(),
+                                                rope.sin.to(dev).contiguous())
+    rope_switch = tq.ROUND_NONE if rope is None else tq.rope_round(q.dtype)
 
     def rows(x, rows_per_scale, mean=None, multiplier=None, gather=None):
         out = torch.empty(b, h, n_pad, d, device=dev, dtype=code_dtype)
         scale = torch.empty(b, h, n_pad // rows_per_scale, device=dev, dtype=torch.float32)
         x = _last_dim_contiguous(x)
+        cos, sin = (scale, scale) if rope is None else tables
         tq._quantize_rows[(n_pad // rows_per_scale * b * h,)](
             x, gather if gather is not None else scale, mean if mean is not None else scale,
             out, scale, n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,
             multiplier if multiplier is not None else 1.0, norm, ROWS=rows_per_scale, D=d,
             FMT=fmt, HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
-            MULTIPLY=multiplier is not None, HADAMARD=rotated, LOG2_D=d.bit_length() - 1)
+            MULTIPLY=multiplier is not None, HADAMARD=rotated, LOG2_D=d.bit_length() - 1,
+            Cos=cos, Sin=sin, ROPE=rope_switch)
         return out, scale
 
-    # The QK Hadamard runs inside the quantizers (spec.rotation's butterfly); K's mean is
-    # taken from the unrotated K and rotated once per head, then subtracted from the rotated
-    # rows, the emulation's (and the paper's) order.
+    # RoPE and the QK Hadamard run inside the quantizers (spec.rope's FP32 ops, then
+    # spec.rotation's butterfly); K's mean is taken from K after RoPE, before the Hadamard,
+    # and rotated once per head, then subtracted from the rotated rows, the emulation's (and
+    # the paper's) order.
     qc, qs = rows(q, plan.q.granularity.rows, multiplier=scale_log2)
     k = _last_dim_contiguous(k)
-    mean = tq.token_mean_gpu(k) if plan.smooth_k else None
+    mean = tq.token_mean_gpu(k, rope) if plan.smooth_k else None
     if mean is not None and rotated:
         mean = rotate(mean).contiguous()
     kc, ks = rows(k, TILE, mean=mean, gather=perm)

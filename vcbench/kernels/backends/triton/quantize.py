@@ -8,8 +8,10 @@ nearest-even, conversions saturate; a group holding a non-finite value has a NaN
 zero codes (`abs_max`), as the emulation's.
 
     token_sums      K's channel sums over tokens in FP64 (per chunk; torch adds the chunks),
-                    the statistic of K smoothing, without an FP32/FP64 copy of K.
-    quantize_rows   Q or K: optional gather by pi, optional QK Hadamard (the butterfly of
+                    the statistic of K smoothing, without an FP32/FP64 copy of K (of K
+                    after RoPE, when the call fuses it).
+    quantize_rows   Q or K: optional gather by pi, optional RoPE on load (spec.rope's FP32
+                    ops, rounded to the input dtype), optional QK Hadamard (the butterfly of
                     spec.rotation in registers), optional mean subtraction, a scale per
                     ROWS tokens (16 = per warp, 128 = per block), INT8 or E4M3 codes.
     v_block_stats   V pass 1: gather by pi, FP64 block means, per-block residual amax.
@@ -31,6 +33,11 @@ import triton.language as tl
 
 FMT_INT8 = 0
 FMT_E4M3 = 1
+# A kernel's ROPE switch: no RoPE, or RoPE on load with its FP32 result rounded to the
+# input's dtype (spec.rope stores it there); the kernels test the numbers
+ROUND_NONE = 0
+ROUND_BF16 = 1
+ROUND_FP16 = 2
 
 
 if os.environ.get("TRITON_INTERPRET") == "1":  # numpy never contracts a product into an FMA
@@ -64,10 +71,13 @@ def program(blocks):
 
 @triton.jit
 def _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
-               D: tl.constexpr, HAS_PERM: tl.constexpr):
+               D: tl.constexpr, HAS_PERM: tl.constexpr, Cos=None, Sin=None,
+               ROPE: tl.constexpr = 0):
     """Tokens group*ROWS .. +ROWS of one (batch, head) as FP32, gathered through the
-    permutation when there is one; rows past n (padding) read as zero. bh is 64-bit, and so
-    is every row offset (row * stride_n passes 2^31 in long NHD views)."""
+    permutation when there is one, rotated by RoPE when ROPE names the input's dtype (`_rope`,
+    each row by its source token's angles: RoPE comes before the gather); rows past n
+    (padding) read as zero. bh is 64-bit, and so is every row offset (row * stride_n passes
+    2^31 in long NHD views)."""
     b = bh // H
     h = bh % H
     rows = group * ROWS + tl.arange(0, ROWS)
@@ -79,32 +89,78 @@ def _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H, ROWS: tl.
     base = X + b * stride_b + h * stride_h
     x = tl.load(base + src.to(tl.int64)[:, None] * stride_n + cols[None, :],
                 mask=valid[:, None], other=0.0).to(tl.float32)
+    if ROPE != 0:  # ROUND_NONE
+        x = _rope(x, src, valid, Cos, Sin, ROWS, D, ROPE)
     return x, rows, cols, valid
 
 
 @triton.jit
-def _token_sums(X, Sums, n, chunks, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
-                D: tl.constexpr, TILES: tl.constexpr):
+def _rope(x, src, valid, Cos, Sin, ROWS: tl.constexpr, D: tl.constexpr, ROUND: tl.constexpr):
+    """spec.rope.apply_rope of rows x (ROWS, D), FP32, of tokens `src` (the (N, D) FP32 tables'
+    rows): per channel pair, x1*cos - x2*sin and x1*sin + x2*cos, each product rounded on its
+    own (`_mul_rn`: no FMA), then the sum, then the rounding to the input's dtype, as torch's
+    separate ops store it. Returned as FP32 (exact)."""
+    pair = tl.arange(0, D // 2)
+    at = src.to(tl.int64)[:, None] * D + 2 * pair[None, :]
+    c = tl.load(Cos + at, mask=valid[:, None], other=0.0)
+    s = tl.load(Sin + at + 1, mask=valid[:, None], other=0.0)
+    x1, x2 = tl.split(tl.reshape(x, [ROWS, D // 2, 2]))
+    even = _mul_rn(x1, c) - _mul_rn(x2, s)
+    odd = _mul_rn(x1, s) + _mul_rn(x2, c)
+    y = tl.reshape(tl.join(even, odd), [ROWS, D])
+    if ROUND == 1:  # ROUND_BF16
+        y = _round_bf16(y)
+    else:
+        y = y.to(tl.float16).to(tl.float32)
+    return y
+
+
+@triton.jit
+def _round_bf16(y):
+    """FP32 -> BF16 -> FP32, round to nearest even, on the bits: what `cvt.rn.bf16.f32` (and
+    torch's cast) gives, written out so Triton's CPU interpreter, whose BF16 cast rounds ties
+    away and truncates elsewhere, computes it too. A NaN stays NaN (its payload could carry
+    into the exponent)."""
+    bits = y.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(y != y, y, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _token_sums(X, Sums, n, chunks, stride_b, stride_h, stride_n, H, Cos, Sin,
+                ROWS: tl.constexpr, D: tl.constexpr, TILES: tl.constexpr,
+                ROPE: tl.constexpr = 0):
     chunk, bh = program(chunks)
     acc = tl.zeros([D], tl.float64)
     for t in range(TILES):
         x, rows, cols, valid = _load_rows(X, X, chunk * TILES + t, bh, n, stride_b, stride_h,
-                                          stride_n, H, ROWS, D, False)
+                                          stride_n, H, ROWS, D, False, Cos, Sin, ROPE)
         acc += tl.sum(x.to(tl.float64), 0)
     tl.store(Sums + (bh * chunks + chunk) * D + tl.arange(0, D), acc)
 
 
-def token_mean_gpu(x):
+def rope_round(dtype) -> int:
+    """The ROPE switch of a kernel reading `dtype` rows that it rotates: the dtype spec.rope
+    stores the rotated rows in."""
+    import torch
+
+    return {torch.bfloat16: ROUND_BF16, torch.float16: ROUND_FP16}[dtype]
+
+
+def token_mean_gpu(x, rope=None):
     """`vsmooth.token_mean` of a 16-bit (B, H, N, D) CUDA tensor, bit for bit: the FP64 sum
-    of 16-bit values is exact, so chunking it cannot change it. Returns FP32 (B*H, D)."""
+    of 16-bit values is exact, so chunking it cannot change it; with `rope` (spec.rope.Rope),
+    the mean of x after RoPE, rotated on load. Returns FP32 (B*H, D)."""
     import torch
 
     b, h, n, d = x.shape
     rows, tiles = 64, 16
     chunks = triton.cdiv(n, rows * tiles)
     sums = torch.empty(b * h, chunks, d, device=x.device, dtype=torch.float64)
+    cos, sin = (sums, sums) if rope is None else (rope.cos, rope.sin)
     _token_sums[(chunks * b * h,)](x, sums, n, chunks, x.stride(0), x.stride(1), x.stride(2),
-                                   h, ROWS=rows, D=d, TILES=tiles)
+                                   h, cos, sin, ROWS=rows, D=d, TILES=tiles,
+                                   ROPE=ROUND_NONE if rope is None else rope_round(x.dtype))
     return (sums.sum(1) / n).float()
 
 
@@ -132,10 +188,13 @@ def hadamard_norm(d: int) -> float:
 def _quantize_rows(X, Perm, Mean, Out, Scale, n, n_pad, stride_b, stride_h, stride_n, H,
                    multiplier, norm, ROWS: tl.constexpr, D: tl.constexpr, FMT: tl.constexpr,
                    HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr,
-                   HADAMARD: tl.constexpr = False, LOG2_D: tl.constexpr = 0):
+                   HADAMARD: tl.constexpr = False, LOG2_D: tl.constexpr = 0, Cos=None, Sin=None,
+                   ROPE: tl.constexpr = 0):
     group, bh = program(n_pad // ROWS)
+    # RoPE (on the source token), then the scale fold, the Hadamard, the mean: the
+    # emulation's order, each step rounded where it rounds
     x, rows, cols, valid = _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H,
-                                      ROWS, D, HAS_PERM)
+                                      ROWS, D, HAS_PERM, Cos, Sin, ROPE)
     if MULTIPLY:
         x = _mul_rn(x, tl.zeros_like(x) + multiplier)
     if HADAMARD:  # then Mean is the rotated mean: rotate, subtract (appendix B's order)
