@@ -36,7 +36,7 @@ def prepare(q, k, v, plan, **call):
 
 SM90 = Backend(compiled.IMPLEMENTATION, available, supports,
                split_prepared(prepare, compiled.run), prepare, compiled.run,
-               label="compiled sm_90a kernel", aliases=("sm90",))
+               label="compiled sm_90a kernel", aliases=("sm90",), fused_rope=True)
 
 
 def supports_nvfp4(plan, shape=None) -> str | None:
