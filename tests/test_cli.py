@@ -20,6 +20,20 @@ def test_methods_lists_the_eight():
         assert name in r.stdout
 
 
+@pytest.mark.parametrize("method", ["sage3-4bit", "vc-4bit", "attnqat-tf"])
+def test_methods_name_says_which_kernels_run_a_4bit_method_and_what_they_cost(method):
+    """The compiled NVFP4 instances first, the Triton kernel after them, each a fidelity
+    kernel whose line carries its measured cost."""
+    r = vcbench("methods", method, "--json")
+    assert r.returncode == 0, r.stderr
+    kernels = json.loads(r.stdout)["gpu_kernels"]
+    assert [k["backend"] for k in kernels] == ["vcbench-sm90 (nvfp4 on fp16 wgmma)",
+                                               "vcbench-triton (nvfp4 on fp16 mma)"]
+    assert all("BF16" in k["cost"] for k in kernels)
+    text = vcbench("methods", method)
+    assert "GPU kernel vcbench-sm90 (nvfp4 on fp16 wgmma) [H200" in " ".join(text.stdout.split())
+
+
 def test_analyze_expcast_json_and_run_folder(tmp_path):
     r = vcbench("analyze", "expcast", "--beta", "-0.35", "--json", str(tmp_path / "e.json"),
                 "--out", str(tmp_path / "run"))

@@ -101,7 +101,8 @@ def methods(name: str = typer.Argument(None, help="One method: its options with 
         print_table(table.drop(columns=[c for c in ("choices",) if c in table]), title="options")
     for row in details.get("gpu_kernels", []):
         state = "runs here" if row["runs_here"] else f"not here: {row['why_not']}"
-        console.print(f"  GPU kernel {row['backend']}: {state}", highlight=False)
+        cost = f" [{row['cost']}]" if row.get("cost") else ""
+        console.print(f"  GPU kernel {row['backend']}{cost}: {state}", highlight=False)
     if "gpu_kernels" in details and not details["gpu_kernels"]:
         console.print("  no GPU kernel computes this plan: the emulation runs it", highlight=False)
     for dev, why in details.get("runs", {}).items():

@@ -193,7 +193,9 @@ def method_details(name: str) -> dict[str, Any]:
     if isinstance(m, KernelMethod):
         d["runs"] = {dev: _kernel_reason(m, dev) for dev in m.devices}
     else:
-        d["gpu_kernels"] = [{"backend": b, "runs_here": why is None, "why_not": why}
+        costs = {b.name: b.cost for b in backends.BACKENDS.values()}
+        d["gpu_kernels"] = [{"backend": b, "runs_here": why is None, "why_not": why,
+                             "cost": costs.get(b) or None}
                             for b, why in gpu_kernels(m.plan())]
     return d
 

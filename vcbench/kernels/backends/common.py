@@ -35,7 +35,8 @@ class Backend:
     `fidelity_only` backend computes a plan's bits but not at its format's speed (NVFP4 on
     16-bit tensor cores), so every time it gives is shown with its label. A `fused_rope`
     backend's preprocessing takes q and k before RoPE and a per-call `rope` (spec.rope.Rope)
-    and rotates them in its quantizers; any other gets q and k rotated first."""
+    and rotates them in its quantizers; any other gets q and k rotated first. `cost`, where
+    given, says in a few words what the backend's calls cost where they were measured."""
 
     name: str
     available: Callable[[], str | None]
@@ -47,6 +48,7 @@ class Backend:
     aliases: tuple[str, ...] = ()
     fidelity_only: bool = False
     fused_rope: bool = False
+    cost: str = ""  # what a call costs where it was measured, for `vcbench methods NAME`
 
 
 @lru_cache(maxsize=1)

@@ -54,4 +54,5 @@ def run_prepared_nvfp4(ops, plan, out, **launch_config):
 NVFP4 = Backend(NVFP4_IMPLEMENTATION, _available, nvfp4_unsupported_reason,
                 split_prepared(prepare_nvfp4, run_prepared_nvfp4), prepare_nvfp4,
                 run_prepared_nvfp4, label="nvfp4 on fp16 mma", aliases=("nvfp4",),
-                fidelity_only=True)
+                fidelity_only=True,
+                cost="H200, Wan2.2 shape: 2.7-4.0x BF16 FA4's time (docs/perf.md)")
