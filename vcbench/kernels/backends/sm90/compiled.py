@@ -14,6 +14,11 @@ V-Smooth, head dim 128, in the combinations INSTANCES lists: `vc-8bit` (with and
 V-Smooth), `vc-8bit-vsmooth`, `sage2-8bit`, `vc-8bit-fp8qk` and `fp8-fa4`. One schedule for
 every plan: three consumer warpgroups that each run QK, softmax and PV in order, a producer
 warpgroup feeding them by TMA (csrc/, one file per phase; mainloop.cuh is the kernel).
+
+Its NVFP4 instances (NVFP4_INSTANCES: sage3-4bit, vc-4bit with and without V-Smooth,
+attnqat-tf; csrc/nvfp4_*, `run_nvfp4`) run `backends.triton.nvfp4.prepare`'s operands, with V
+transposed, V-Smooth's mean steps and Q smoothing's score term: NVFP4 on FP16 wgmma, a
+fidelity kernel like the Triton one it goes ahead of.
 """
 
 from __future__ import annotations

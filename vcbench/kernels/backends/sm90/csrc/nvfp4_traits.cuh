@@ -33,12 +33,13 @@ struct Params {
 };
 constexpr int OUT_FP16 = 0, OUT_BF16 = 1, OUT_FP32 = 2;  // Params::out_kind
 
-// The tile rule: a CTA holds 128 query rows, two consumer warpgroups of 64 rows that each run
-// QK, the softmax with P's quantization, and PV in order on their tile, fed by one producer
-// warpgroup through a 2-stage ring of 128-key K / V^T tiles (FP16: 32 KB each). At 16 bits a
-// third stage does not fit beside Q (227 KB); with the tile product in its own block (the
-// emulation's two-level accumulation) a consumer thread holds S (64), P (32), PV_j (64) and
-// the accumulator (64): 240 registers, so two consumer warpgroups, not the 8-bit kernel's three.
+// The tile rule: a CTA holds 128 query rows, two consumer warpgroups of 64 rows, each running
+// the next tile's QK and softmax beside this tile's PV (nvfp4_mainloop.cuh), fed by one
+// producer warpgroup through 2-stage rings of 128-key K and V^T tiles (FP16: 32 KB each). At 16
+// bits a third stage does not fit beside Q (227 KB). While the softmax runs, a consumer thread
+// holds the accumulator (64 registers, the PV wgmma's), P's A fragment (32, read by it), the
+// scores (64) and the softmax's own: ptxas needs more than 232, so two consumer warpgroups at
+// 240, not the 8-bit kernel's three at 160 (measured: 24 registers spilled at 232).
 template <bool TWO_LEVEL_, bool VSMOOTH_, bool BIAS_>
 struct Traits {
   static constexpr bool TWO_LEVEL = TWO_LEVEL_;  // P under a per-row scale s1 (sage3, vc-4bit)
