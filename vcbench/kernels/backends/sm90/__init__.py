@@ -52,7 +52,7 @@ def prepare_nvfp4(q, k, v, plan, **call):
 
     ops = nvfp4.prepare(q, k, v, plan, v_transposed=True, **call)
     ops.mean_steps = compiled.mean_steps(ops.v_mean) if ops.v_mean is not None else None
-    ops.score_bias = compiled.score_bias(ops) if plan.smooth_q else None
+    ops.score_bias = nvfp4.score_term(ops, ops.k.shape[1]) if plan.smooth_q else None
     return ops
 
 

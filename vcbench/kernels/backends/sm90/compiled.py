@@ -310,23 +310,6 @@ def mean_steps(v_mean):
     return x.view(bh, t, 16 * d)
 
 
-def score_bias(ops):
-    """Q smoothing's score term, bias_q . (K_in - mean_K) per (query block, key), FP32
-    (B*H, nq_pad / 128, nk_pad), zero past the last key: the per-tile sum the NVFP4 Triton
-    kernel adds, once a call (FP32 products and sums, in cuBLAS's order)."""
-    import torch
-
-    bh, nk_pad, d = ops.k.shape
-    n = ops.n
-    # the keys zero-padded to nk_pad: the product comes out in the kernel's layout
-    centered = torch.zeros(bh, nk_pad, d, device=ops.k.device, dtype=torch.float32)
-    centered[:, :n] = ops.k_input.reshape(bh, n, d).float() - ops.k_mean.reshape(bh, 1, d)
-    bias = torch.matmul(ops.bias_q, centered.transpose(1, 2))
-    del centered
-    # the padded keys' term is bias_q . 0 = 0 (the kernel masks them anyway)
-    return bias
-
-
 def run_nvfp4(ops, plan, out):
     """NVFP4 attention of `triton.nvfp4.prepare`'s operands (with `v_t`, and `mean_steps` /
     `score_bias` where the plan has them: `prepare_nvfp4` adds both) into `out` (B, H, N, D)."""

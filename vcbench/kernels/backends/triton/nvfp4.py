@@ -390,6 +390,32 @@ def _fill_nan(X, Poison, per_head, BLOCK: tl.constexpr):
             tl.store(X + bh * per_head + offs, nan, mask=offs < per_head)
 
 
+@triton.jit
+def _score_term(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_tiles, m_tiles,
+                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """Q smoothing's score term for BM query blocks and BN keys of one (batch, head):
+    bias_q . (K_in - mean_K), FP32 out, zero for the padded keys. The centering is the FP32
+    subtraction the emulation does; the product is tf32x3 (three TF32 tensor-core products,
+    hi.hi + hi.lo + lo.hi of each FP32 operand split in two: ~2^-21 of each term, FP32's own
+    accumulation error being larger), where a plain FP32 product would run on the CUDA cores."""
+    pid = tl.program_id(0).to(tl.int64)  # keys fastest: a head's query-block means stay in L2
+    key_tile = pid % key_tiles
+    bh = pid // key_tiles // m_tiles
+    blocks = (pid // key_tiles % m_tiles) * BM + tl.arange(0, BM)
+    keys = key_tile * BN + tl.arange(0, BN)
+    cols = tl.arange(0, D)
+    in_m = blocks < q_blocks
+    real = keys < n
+    means = tl.load(BiasQ + (bh * q_blocks + blocks)[:, None] * D + cols[None, :],
+                    mask=in_m[:, None], other=0.0)
+    k = tl.load(KIn + (bh * n + keys)[:, None] * D + cols[None, :], mask=real[:, None], other=0.0)
+    centered = tl.where(real[:, None], k.to(tl.float32) - tl.load(KMean + bh * D + cols)[None, :],
+                        0.0)
+    term = tl.dot(means, tl.trans(centered), input_precision="tf32x3")
+    tl.store(Out + (bh * q_blocks + blocks)[:, None] * nk_pad + keys[None, :], term,
+             mask=in_m[:, None] & (keys < nk_pad)[None, :])
+
+
 # --- the host side ------------------------------------------------------------------------
 
 OUTER_DIVISOR = 448.0 * 6.0  # E4M3 max x E2M1 max: what a two-level scale divides the amax by
@@ -446,6 +472,28 @@ class Nvfp4Operands:
         scale = getattr(self, f"{name}_scale")[heads].float()
         full = scale.repeat_interleave(16, dim=-2 if name == "v" else -1)
         return torch.where(full > 0, values / torch.where(full > 0, full, 1.0), 0.0)
+
+
+# The score term's tile: 64 query blocks x 64 keys a program, both FP32 operands and their
+# TF32 halves in shared memory (~128 KB at D = 128)
+SCORE_BLOCK_M, SCORE_BLOCK_N, SCORE_WARPS = 64, 64, 4
+
+
+def score_term(ops: Nvfp4Operands, nk_pad: int) -> torch.Tensor:
+    """Q smoothing's score term for a kernel that reads it precomputed, one FP32 per (query
+    block, key): bias_q . (K_in - mean_K), (B*H, N_q_pad / block_m, nk_pad), zero past the
+    last key, the per-tile sum the Triton attention kernel takes in its loop. 4 bytes per
+    (query block, key): 7.2 GB at the Wan2.2 shape."""
+    bh, q_blocks, d = ops.bias_q.shape
+    n = ops.n
+    out = torch.empty(bh, q_blocks, nk_pad, device=ops.bias_q.device, dtype=torch.float32)
+    key_tiles = triton.cdiv(nk_pad, SCORE_BLOCK_N)
+    m_tiles = triton.cdiv(q_blocks, SCORE_BLOCK_M)
+    k_input = ops.k_input.reshape(bh, n, d)  # contiguous HND, in the permuted order
+    _score_term[(bh * m_tiles * key_tiles,)](
+        ops.bias_q, k_input, ops.k_mean, out, n, nk_pad, q_blocks, key_tiles, m_tiles, D=d,
+        BM=SCORE_BLOCK_M, BN=SCORE_BLOCK_N, num_warps=SCORE_WARPS)
+    return out
 
 
 def _outer(amax: torch.Tensor) -> torch.Tensor:
