@@ -36,7 +36,7 @@ def main() -> int:
     for name in METHODS:
         for rotated in (False, True):
             row = {"method": name, "hadamard_qk": rotated,
-                   **time_plan(name, {"hadamard_qk": rotated}, x, warmup, window)}
+                   **time_plan(name, {"hadamard_qk": rotated}, x, warmup, window)[0]}
             rows.append(row)
             print(f"{name:18} {str(rotated):8} {row['attention_ms']:9.3f} {row['preprocess_ms']:8.3f} "
                   f"{row.get('grouping_ms', float('nan')):8.3f}  {row['implementation']}", flush=True)

@@ -27,6 +27,8 @@ class KernelTimes:
     by_kernel: dict[str, list[float]]
     sm_mhz: float = math.nan
     power_w: float = math.nan
+    # every launch as (name, ms), in the order the kernels started
+    in_order: tuple[tuple[str, float], ...] = ()
 
     def median_ms(self, name: str) -> float:
         return statistics.median(self.by_kernel[name])
@@ -63,11 +65,28 @@ def time_kernels(fn: Callable[[], object], warmup_s: float = 20.0, window_s: flo
     _run_for(fn, warmup_s, 1)
     with profile(activities=[ProfilerActivity.CUDA]) as prof, Sampler(nvml_reader()) as clocks:
         calls = _run_for(fn, window_s, min_calls)
-    by_kernel: dict[str, list[float]] = defaultdict(list)
+    launches = []
     for event in prof.profiler.kineto_results.events():
         if event.device_type() == DeviceType.CUDA and event.duration_ns() > 0:
             name = event.name()
             if name.startswith("Memcpy") or name.startswith("Memset"):
                 continue
-            by_kernel[name].append(event.duration_ns() / 1e6)
-    return KernelTimes(calls, dict(by_kernel), clocks.sm_mhz, clocks.power_w)
+            launches.append((event.start_ns(), name, event.duration_ns() / 1e6))
+    launches.sort()
+    by_kernel: dict[str, list[float]] = defaultdict(list)
+    for _, name, ms in launches:
+        by_kernel[name].append(ms)
+    return KernelTimes(calls, dict(by_kernel), clocks.sm_mhz, clocks.power_w,
+                       tuple((name, ms) for _, name, ms in launches))
+
+
+def alternating_medians(times: KernelTimes, name_a: str, name_b: str) -> tuple[float, float]:
+    """The per-launch medians of two kernels launched alternately (a, b, a, b, ...) in one
+    window. Kernels of different names are told apart by name; one kernel under one name (a
+    Triton kernel's two specialisations) by the order its launches started in."""
+    if name_a != name_b:
+        return times.median_ms(name_a), times.median_ms(name_b)
+    same = [ms for name, ms in times.in_order if name == name_a]
+    if len(same) < 2 or len(same) % 2:
+        raise RuntimeError(f"{name_a}: {len(same)} launches, not pairs of alternate calls")
+    return statistics.median(same[0::2]), statistics.median(same[1::2])

@@ -7,9 +7,12 @@ separately again (warm-started from the last centroids, as the schedule's regrou
 cold), the median SM clock and power of the attention window (the card's power limit sets the
 clock, so a time is read with them), and the speedup over `bf16` measured in the same run. A
 V-Smooth method also gets its schedule's plain-step kernel and preprocessing timed (`plain_ms`,
-`plain_preprocess_ms`, and what runs it, `plain_implementation`): the method without V-Smooth,
-another plan, which runs most of a clip's steps (30 of Wan2.2's 40) and which a backend may
-not take. An external kernel (a plugin's callable) is timed as one call: its main kernel's
+`plain_preprocess_ms`, its clock `plain_sm_mhz`, and what runs it, `plain_implementation`): the
+method without V-Smooth, another plan, which runs most of a clip's steps (30 of Wan2.2's 40)
+and which a backend may not take. Then the two kernels launched alternately in one window
+(`plain_over_method`, the plain median over the method's): the plain window comes second, on
+a warmer card, and only launches that share a clock can say which of two kernels a few
+percent apart is faster. An external kernel (a plugin's callable) is timed as one call: its main kernel's
 median is `attention_ms`, the rest of its launches `preprocess_ms`.
 
 A preset's q and k are taken as coming before Wan's RoPE (random tables of its form,
@@ -72,18 +75,47 @@ def attention_flops(q: torch.Tensor) -> float:
     return 4.0 * b * h * n * n * d
 
 
+@dataclass(frozen=True)
+class Launch:
+    """A timed plan's attention kernel, ready to launch again on its prepared operands."""
+
+    call: object  # () -> None
+    kernel: str  # its CUPTI name
+
+
 def time_method(name: str, x: Inputs, warmup_s: float, window_s: float) -> dict:
     method = get_method(name)
-    row = {"method": name, **time_plan(name, {}, x, warmup_s, window_s)}
+    timed, launch = time_plan(name, {}, x, warmup_s, window_s)
+    row = {"method": name, **timed}
     if method.uses_vsmooth:  # right after the method's window: the card is warm already
-        plain = time_plan(name, PLAIN_STEP_OPTIONS, x, min(warmup_s, 2.0), window_s)
+        plain, plain_launch = time_plan(name, PLAIN_STEP_OPTIONS, x, min(warmup_s, 2.0), window_s)
         row.update(plain_ms=plain["attention_ms"], plain_preprocess_ms=plain["preprocess_ms"],
-                   plain_implementation=plain["implementation"])
+                   plain_implementation=plain["implementation"], plain_sm_mhz=plain["sm_mhz"])
+        if launch is not None and plain_launch is not None:
+            row["plain_over_method"] = alternated_ratio(launch, plain_launch, window_s)
     return row
 
 
-def time_plan(name: str, options: dict, x: Inputs, warmup_s: float, window_s: float) -> dict:
-    """One method's kernel, with `options`, on what `attention` would choose: a row's columns."""
+def alternated_ratio(method: Launch, plain: Launch, window_s: float) -> float:
+    """The plain kernel's median over the method's, the two launched alternately in one
+    window: both at the same clock, power and temperature. The plain step's own window comes
+    second, on a card the method's window has heated, so its time alone cannot say which
+    kernel is faster when they differ by a few percent."""
+    from vcbench.timing.cupti import alternating_medians, time_kernels
+
+    def both():
+        method.call()
+        plain.call()
+
+    times = time_kernels(both, 1.0, window_s)
+    t_method, t_plain = alternating_medians(times, method.kernel, plain.kernel)
+    return t_plain / t_method
+
+
+def time_plan(name: str, options: dict, x: Inputs, warmup_s: float,
+              window_s: float) -> tuple[dict, Launch | None]:
+    """One method's kernel, with `options`, on what `attention` would choose: a row's columns,
+    and the kernel to launch again (None for an external kernel, whose call prepares too)."""
     from vcbench.kernels import chosen, group
     from vcbench.timing.cupti import time_kernels
 
@@ -102,6 +134,7 @@ def time_plan(name: str, options: dict, x: Inputs, warmup_s: float, window_s: fl
                                   min(warmup_s, 2.0), min(window_s, 2.0), min_calls=3)
             row["preprocess_ms"] += rotate.per_call_ms()
         attn = whole
+        launch = None
     else:
         perm = None
         if plan.vsmooth is not None:
@@ -127,10 +160,11 @@ def time_plan(name: str, options: dict, x: Inputs, warmup_s: float, window_s: fl
         out = torch.empty_like(x.q)
         attn = time_kernels(lambda: impl.kernel(ops, out), warmup_s, window_s)
         row["attention_ms"] = attn.median_ms(attn.main_kernel())
+        launch = Launch(lambda: impl.kernel(ops, out), attn.main_kernel())
     row["tflops"] = attention_flops(x.q) / (row["attention_ms"] * 1e-3) / 1e12
     # the attention window's clock and power: under the card's power limit, time follows them
     row["sm_mhz"], row["power_w"] = attn.sm_mhz, attn.power_w
-    return row
+    return row, launch
 
 
 def check_request(methods: list[str], shape: str | None, tensors: str | None) -> None:
