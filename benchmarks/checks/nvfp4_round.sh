@@ -12,24 +12,29 @@
 #      within the rule at N in {1000, 4133, 16384, 75600}, D 64 and 128;
 #   4. `vcbench timeit` of the three methods at the Wan2.2 shape (B1 H40 N75600 D128) beside
 #      BF16 (FA4 if importable, else cuDNN: the bf16 row's implementation says which);
-#      vc-4bit's row carries its plain-step kernel (`plain_ms`);
+#      vc-4bit's row carries its plain-step kernel (`plain_ms`, and `plain_over_method`: the
+#      two alternated in one window);
 #   5. a short table last: each kernel's time as a multiple of BF16's, preprocessing, grouping,
 #      SM clock and power. The implementation column keeps "nvfp4 on fp16 mma": these are
 #      NVFP4 computed exactly on FP16 MMAs, a fidelity kernel, not an FP4 kernel's speed.
 # With --compiled, first the compiled sm_90a kernel is built (its NVFP4 instances' registers and
-# local memory printed), its NVFP4 GPU tests (tests/test_gpu_compiled_nvfp4.py) run in stage 2
+# local memory printed), its NVFP4 GPU tests (tests/test_gpu_compiled_nvfp4.py, and Q smoothing's
+# score term, tests/test_score_term.py) run in stage 2
 # instead of the Triton kernel's, and timeit then times the compiled instances (the backend
 # order prefers them where they are built).
 # Usage (repo root; FA4 as its install notes show, optional):
 #   bash benchmarks/checks/nvfp4_round.sh [--timeit-s W,S] [--skip-tests] [--skip-check]
-#                                         [--compiled]
+#                                         [--compiled] [--methods A,B,...]
+# (--methods: what timeit times beside BF16, the three 4-bit methods unless given; every
+# method of the product in one run is the comparison the targets are read from)
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-TIMEIT="5,5"; TESTS=1; CHECK=1; COMPILED=0
+TIMEIT="5,5"; TESTS=1; CHECK=1; COMPILED=0; METHODS=sage3-4bit,vc-4bit,attnqat-tf
 while [ $# -gt 0 ]; do
   case $1 in
     --compiled) COMPILED=1; shift ;;
+    --methods) METHODS=$2; shift 2 ;;
     --timeit-s) TIMEIT=$2; shift 2 ;;
     --skip-tests) TESTS=0; shift ;;
     --skip-check) CHECK=0; shift ;;
@@ -65,7 +70,7 @@ echo "benchmarks/checks/nvfp4_compile_report.py: rc=$rc (137: killed at 90 s)"
 if [ $TESTS = 1 ]; then
   t0=$(date +%s)
   GPU_TESTS=tests/test_gpu_nvfp4.py
-  [ $COMPILED = 1 ] && GPU_TESTS=tests/test_gpu_compiled_nvfp4.py
+  [ $COMPILED = 1 ] && GPU_TESTS="tests/test_gpu_compiled_nvfp4.py tests/test_score_term.py"
   timeout -s KILL 240 python3 -m pytest -q -p no:cacheprovider -x $GPU_TESTS \
     > "$OUT/gpu-nvfp4-tests.txt" 2>&1
   rc=$?
@@ -93,12 +98,16 @@ fi
 
 # 4. timing beside BF16
 w=${TIMEIT%,*}; s=${TIMEIT#*,}
-timeout -s KILL 150 python3 -m vcbench timeit --methods sage3-4bit,vc-4bit,attnqat-tf \
+# ~4 windows a method (its preprocessing, kernel, a V-Smooth method's plain kernel and the two
+# alternated) at W + S seconds each, plus Triton's compiles
+n_methods=$(echo "$METHODS" | tr ',' '\n' | wc -l)
+limit=$(( 60 + n_methods * 4 * (${w%.*} + ${s%.*} + 2) ))
+timeout -s KILL $limit python3 -m vcbench timeit --methods "$METHODS" \
   --shape wan22-720p --warmup-s "$w" --window-s "$s" --json "$OUT/timeit-nvfp4.json" \
   > "$OUT/timeit-nvfp4.txt" 2>&1
 rc=$?
 tail -n 14 "$OUT/timeit-nvfp4.txt"
-echo "vcbench timeit: rc=$rc"
+echo "vcbench timeit: rc=$rc (137: killed at $limit s)"
 [ $rc = 0 ] || status=1
 
 # 5. the table
