@@ -128,6 +128,11 @@ __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] *= beta[(i >> 1) & 1];
     mbar_wait(vb.full(j & 1), (j >> 1) & 1);
+    // every register the PV wgmmas read is defined before their fence: otherwise ptxas may
+    // schedule a definition inside the wgmma stage and serialize it (C7513)
+    reg_fence(acc);
+    reg_fence(p);
+    if constexpr (T::VSMOOTH) reg_fence(a_mean);
     wgmma_fence();
     issue_pv<T>(acc, p, stage_base(j) + T::V_OFF, a_mean, stage_base(j) + T::MEAN_OFF);
     wgmma_commit();

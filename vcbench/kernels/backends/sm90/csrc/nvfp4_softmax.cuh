@@ -44,12 +44,16 @@ __device__ __forceinline__ float rcp(float x) {
 
 // formats.round_e2m1 of y >= 0: min(y, 6) rounded to the multiple of its quantum (0.5 below 2,
 // 1 on [2, 4), 2 from 4), ties to even, by one magic-number add whose exponent is read off y's
-// (triton/nvfp4.py round_e2m1_nonneg, the same arithmetic).
+// (triton/nvfp4.py round_e2m1_nonneg, the same arithmetic and the same bits). The magic number
+// 1.5 * 2^(22 + max(e, 0)) is 1.5 * 2^22 * m with m = 2^max(e, 0): y's bits floored at 1.0's
+// (one IMNMX), the exponent field kept (one LOP3). The product by 1.5 * 2^22 is exact, so each
+// FFMA rounds once, as an add of the magic number would: one integer op an element fewer than
+// building the magic number's bits (tests/test_compiled.py holds the two equal).
 __device__ __forceinline__ float round_e2m1(float y) {
   const float mag = fminf(y, 6.f);
-  const int e = max(__float_as_int(mag) >> 23, 127);
-  const float magic = __int_as_float(((e + 22) << 23) + 0x400000);
-  return __fsub_rn(__fadd_rn(mag, magic), magic);  // two roundings, never contracted
+  const float m = __int_as_float(max(__float_as_int(mag), 0x3f800000) & 0x7f800000);
+  const float t = __fmaf_rn(m, 6291456.f, mag);  // mag + magic, rounded to the quantum
+  return __fmaf_rn(-m, 6291456.f, t);            // minus the magic number: exact
 }
 
 // The E4M3 microscales of two groups from their amax: formats.scale_for (amax times the FP32
