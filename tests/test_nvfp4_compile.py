@@ -44,18 +44,20 @@ WAN22_INTS = {"n": 75600, "n_q_pad": 75648, "n_k_pad": 75648, "n_pad": 75648, "H
               "stride_ob": 40 * 75600 * 128, "stride_oh": 75600 * 128, "stride_on": 128}
 
 
-def compile_for_sm90(kernel, constexprs, **options):
-    """`kernel` built for sm_90 as a launch at the Wan2.2 shape would build it."""
+def compile_for_sm90(kernel, constexprs, pointers=None, **options):
+    """`kernel` built for sm_90 as a launch at the Wan2.2 shape would build it (`pointers`:
+    element types that differ from POINTERS' for this kernel)."""
+    types = {**POINTERS, **(pointers or {})}
     signature, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
             continue
-        if name in POINTERS:
-            signature[name] = "*" + POINTERS[name]
+        if name in types:
+            signature[name] = "*" + types[name]
         else:
             signature[name] = "fp32" if name in ("multiplier", "norm") else "i32"
-        if name in POINTERS or WAN22_INTS.get(name, 1) % 16 == 0:
+        if name in types or WAN22_INTS.get(name, 1) % 16 == 0:
             attrs[(i,)] = [["tt.divisibility", 16]]
     return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs,
                                     attrs=attrs),
@@ -143,3 +145,16 @@ def test_preprocessing_kernels_compile_without_spills(kernel, constexprs, tmp_pa
                                 enable_fp_fusion=False)
     used = resources(compiled, tmp_path)
     assert (used["STACK"], used["LOCAL"], used["LDL/STL"]) == (0, 0, 0), used
+
+
+def test_the_score_term_runs_on_tf32_tensor_cores_without_spills(tmp_path):
+    """Q smoothing's score term (the compiled NVFP4 path's): three TF32 wgmmas a k-step, no
+    spills, and its pipelined key tiles inside sm_90's 227 KB of shared memory."""
+    compiled = compile_for_sm90(
+        nvfp4._score_term, {"D": 128, "BM": nvfp4.SCORE_BLOCK_M, "BN": nvfp4.SCORE_BLOCK_N,
+                            "TILES": nvfp4.SCORE_TILES},
+        pointers={"Out": "fp32"}, num_warps=nvfp4.SCORE_WARPS, num_stages=nvfp4.SCORE_STAGES)
+    assert re.search(r"wgmma\.mma_async\S*\.tf32", compiled.asm["ptx"])
+    used = resources(compiled, tmp_path)
+    assert (used["STACK"], used["LOCAL"], used["LDL/STL"]) == (0, 0, 0), used
+    assert compiled.metadata.shared <= 227 * 1024

@@ -57,11 +57,11 @@ def check_direct(device):
 
     from vcbench.kernels.backends.triton import nvfp4
 
-    bm, bn = nvfp4.SCORE_BLOCK_M, nvfp4.SCORE_BLOCK_N
-    # query blocks past one program tile and ragged; keys past n inside the padding, which
-    # itself ends past a key tile
-    bh, q_blocks, n, d = 3, bm + 6, 2 * bn + 22, 128
-    nk_pad = math.ceil(n / 128) * 128  # 256: keys n..255 padding, four key tiles
+    bm, keys = nvfp4.SCORE_BLOCK_M, nvfp4.SCORE_BLOCK_N * nvfp4.SCORE_TILES
+    # query blocks past one program's and ragged; keys past one program's, the last program's
+    # ending inside the padding (keys n .. nk_pad - 1) and past nk_pad
+    bh, q_blocks, n, d = 3, bm + 6, keys + 22, 128
+    nk_pad = math.ceil(n / 128) * 128
     ops, centered = direct_inputs(bh, q_blocks, n, d, device)
     term = nvfp4.score_term(ops, nk_pad)
     assert term.shape == (bh, q_blocks, nk_pad) and term.dtype == torch.float32

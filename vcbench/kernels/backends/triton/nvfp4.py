@@ -391,29 +391,32 @@ def _fill_nan(X, Poison, per_head, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _score_term(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_tiles, m_tiles,
-                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """Q smoothing's score term for BM query blocks and BN keys of one (batch, head):
+def _score_term(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_chunks, m_tiles,
+                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TILES: tl.constexpr):
+    """Q smoothing's score term for BM query blocks and TILES x BN keys of one (batch, head):
     bias_q . (K_in - mean_K), FP32 out, zero for the padded keys. The centering is the FP32
     subtraction the emulation does; the product is tf32x3 (three TF32 tensor-core products,
     hi.hi + hi.lo + lo.hi of each FP32 operand split in two: ~2^-21 of each term, FP32's own
-    accumulation error being larger), where a plain FP32 product would run on the CUDA cores."""
+    accumulation error being larger), where a plain FP32 product would run on the CUDA cores.
+    The query-block means are loaded once a program and the key tiles streamed past them."""
     pid = tl.program_id(0).to(tl.int64)  # keys fastest: a head's query-block means stay in L2
-    key_tile = pid % key_tiles
-    bh = pid // key_tiles // m_tiles
-    blocks = (pid // key_tiles % m_tiles) * BM + tl.arange(0, BM)
-    keys = key_tile * BN + tl.arange(0, BN)
+    chunk = pid % key_chunks
+    bh = pid // key_chunks // m_tiles
+    blocks = (pid // key_chunks % m_tiles) * BM + tl.arange(0, BM)
     cols = tl.arange(0, D)
     in_m = blocks < q_blocks
-    real = keys < n
     means = tl.load(BiasQ + (bh * q_blocks + blocks)[:, None] * D + cols[None, :],
                     mask=in_m[:, None], other=0.0)
-    k = tl.load(KIn + (bh * n + keys)[:, None] * D + cols[None, :], mask=real[:, None], other=0.0)
-    centered = tl.where(real[:, None], k.to(tl.float32) - tl.load(KMean + bh * D + cols)[None, :],
-                        0.0)
-    term = tl.dot(means, tl.trans(centered), input_precision="tf32x3")
-    tl.store(Out + (bh * q_blocks + blocks)[:, None] * nk_pad + keys[None, :], term,
-             mask=in_m[:, None] & (keys < nk_pad)[None, :])
+    k_mean = tl.load(KMean + bh * D + cols)
+    for t in range(TILES):
+        keys = (chunk * TILES + t) * BN + tl.arange(0, BN)
+        real = keys < n
+        k = tl.load(KIn + (bh * n + keys)[:, None] * D + cols[None, :], mask=real[:, None],
+                    other=0.0)
+        centered = tl.where(real[:, None], k.to(tl.float32) - k_mean[None, :], 0.0)
+        term = tl.dot(means, tl.trans(centered), input_precision="tf32x3")
+        tl.store(Out + (bh * q_blocks + blocks)[:, None] * nk_pad + keys[None, :], term,
+                 mask=in_m[:, None] & (keys < nk_pad)[None, :])
 
 
 # --- the host side ------------------------------------------------------------------------
@@ -474,9 +477,10 @@ class Nvfp4Operands:
         return torch.where(full > 0, values / torch.where(full > 0, full, 1.0), 0.0)
 
 
-# The score term's tile: 64 query blocks x 64 keys a program, both FP32 operands and their
-# TF32 halves in shared memory (~128 KB at D = 128)
-SCORE_BLOCK_M, SCORE_BLOCK_N, SCORE_WARPS = 64, 64, 4
+# The score term's tile: 64 query blocks x 64 keys a dot on 8 warps, 8 key tiles a program
+# streamed through 2 stages (at D = 128 with sm_90's ptxas: 161 registers, no spills, 144 KB
+# of shared memory; on 4 warps the TF32 halves spill, wider tiles pass 227 KB)
+SCORE_BLOCK_M, SCORE_BLOCK_N, SCORE_WARPS, SCORE_TILES, SCORE_STAGES = 64, 64, 8, 8, 2
 
 
 def score_term(ops: Nvfp4Operands, nk_pad: int) -> torch.Tensor:
@@ -487,12 +491,13 @@ def score_term(ops: Nvfp4Operands, nk_pad: int) -> torch.Tensor:
     bh, q_blocks, d = ops.bias_q.shape
     n = ops.n
     out = torch.empty(bh, q_blocks, nk_pad, device=ops.bias_q.device, dtype=torch.float32)
-    key_tiles = triton.cdiv(nk_pad, SCORE_BLOCK_N)
+    key_chunks = triton.cdiv(nk_pad, SCORE_BLOCK_N * SCORE_TILES)
     m_tiles = triton.cdiv(q_blocks, SCORE_BLOCK_M)
     k_input = ops.k_input.reshape(bh, n, d)  # contiguous HND, in the permuted order
-    _score_term[(bh * m_tiles * key_tiles,)](
-        ops.bias_q, k_input, ops.k_mean, out, n, nk_pad, q_blocks, key_tiles, m_tiles, D=d,
-        BM=SCORE_BLOCK_M, BN=SCORE_BLOCK_N, num_warps=SCORE_WARPS)
+    _score_term[(bh * m_tiles * key_chunks,)](
+        ops.bias_q, k_input, ops.k_mean, out, n, nk_pad, q_blocks, key_chunks, m_tiles, D=d,
+        BM=SCORE_BLOCK_M, BN=SCORE_BLOCK_N, TILES=SCORE_TILES, num_warps=SCORE_WARPS,
+        num_stages=SCORE_STAGES)
     return out
 
 
