@@ -28,6 +28,7 @@ What runs each row is asked of `vcbench.kernels.chosen`, the same choice `attent
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -79,7 +80,7 @@ def attention_flops(q: torch.Tensor) -> float:
 class Launch:
     """A timed plan's attention kernel, ready to launch again on its prepared operands."""
 
-    call: object  # () -> None
+    call: Callable[[], object]
     kernel: str  # its CUPTI name
 
 
