@@ -1,5 +1,6 @@
-"""The NVFP4 kernels compile for sm_90 (Triton's own ptxas), on a machine without a GPU, as a
-launch at the Wan2.2 shape builds them, with no register spills and no local memory.
+"""The NVFP4 kernels and the 8-bit quantizers compile for sm_90 (Triton's own ptxas), on a
+machine without a GPU, as a launch at the Wan2.2 shape builds them, with no register spills
+and no local memory.
 
 The interpreter (tests/test_nvfp4_interpreter.py) runs the kernels' Python; it does not see
 what only the compiler refuses (a non-constexpr global, a layout it cannot lower), nor what it
@@ -158,3 +159,36 @@ def test_the_score_term_runs_on_tf32_tensor_cores_without_spills(tmp_path):
     used = resources(compiled, tmp_path)
     assert (used["STACK"], used["LOCAL"], used["LDL/STL"]) == (0, 0, 0), used
     assert compiled.metadata.shared <= 227 * 1024
+
+
+# The 8-bit Q/K quantizer as the 8-bit methods launch it (operands.prepare_gpu): Q per warp of
+# 16 rows or per 128-row block, K per 128-row block with its mean and the permutation, INT8 or
+# E4M3 codes, the QK Hadamard and the fused RoPE on or off. Its 128-row K tile with the
+# Hadamard spilled 888 bytes a thread while the butterfly's cross-lane stages were layout
+# conversions through shared memory.
+QUANTIZE_8BIT = {
+    "q int8 per-warp rotated rope": (16, 0, False, False, True, True, True),
+    "k int8 rotated rope": (128, 0, True, True, False, True, True),
+    "k e4m3 rotated": (128, 1, True, True, False, True, False),
+    "q e4m3 per-block": (128, 1, False, False, True, False, False),
+    "q e4m3 per-block rotated rope": (128, 1, False, False, True, True, True),
+    "k int8 plain": (128, 0, False, True, False, False, False),
+}
+
+
+@pytest.mark.parametrize("variant", QUANTIZE_8BIT)
+def test_the_8bit_quantizers_compile_without_spills(variant, tmp_path):
+    from vcbench.kernels.backends.triton import quantize
+    from vcbench.kernels.backends.triton.operands import quantize_warps
+
+    rows, fmt, perm, mean, multiply, rotated, rope = QUANTIZE_8BIT[variant]
+    compiled = compile_for_sm90(
+        quantize._quantize_rows,
+        {"ROWS": rows, "D": 128, "FMT": fmt, "HAS_PERM": perm, "HAS_MEAN": mean,
+         "MULTIPLY": multiply, "HADAMARD": rotated, "LOG2_D": 7 if rotated else 0,
+         "ROPE": quantize.ROUND_BF16 if rope else quantize.ROUND_NONE},
+        pointers={"Out": "i8" if fmt == 0 else "fp8e4nv", "Scale": "fp32", "Mean": "fp32",
+                  "Cos": "fp32", "Sin": "fp32"},
+        num_warps=quantize_warps(rows, 128, rotated or rope))
+    used = resources(compiled, tmp_path)
+    assert (used["STACK"], used["LOCAL"], used["LDL/STL"]) == (0, 0, 0), used

@@ -2,15 +2,17 @@
 `spec.rotation.rotate` and CUPTI time over Q and K of the Wan2.2 shape (2 x 40 x 75600 rows of
 128 FP32), each kernel only loading a tile, rotating it and storing it.
 
-  current  `quantize.hadamard_rows`: every stage by reshape / permute / split / join; Triton
-           lowers the cross-thread stages as 6 layout conversions through shared memory (per
-           thread 16 STS, 16 LDS, 48 SHFL and 39 barriers a 32 x 128 tile on 4 warps, sm_90)
-  gather   the first two stages (partners in one thread) as in `current`, the other five as
-           `tl.gather` of the partner column (col ^ h) and one add or subtract: warp shuffles,
-           no shared memory, no barrier (160 SHFL a thread and tile)
+  gather       `quantize.hadamard_rows` as the quantizers run it: the first two stages
+               (partners in one thread) by split and join, the other five as `tl.gather` of
+               the partner column (col ^ h) and one add or subtract, warp shuffles
+  conversions  every stage by reshape / permute / split / join, the form before: Triton
+               lowers the cross-lane stages as layout conversions through shared memory (per
+               thread 16 STS, 16 LDS, 48 SHFL and 39 barriers a 32 x 128 tile on 4 warps,
+               sm_90, against the gather's 0, 0, 160 and 0)
 
 Both do the same IEEE additions in the same order, so both must equal `rotate` bit for bit;
-the question is only which data movement is cheaper. The loser is not kept.
+the question is only which data movement is cheaper on the card (the static counts favour the
+gather). The loser goes: this script with it, once it has run.
 
     PYTHONPATH=$PWD python3 benchmarks/checks/butterfly_ab.py [--rows N]
 """
@@ -31,7 +33,7 @@ ROWS, D, LOG2_D, WARPS = 32, 128, 7, 4
 
 
 @triton.jit
-def _current(X, Y, norm, ROWS: tl.constexpr, D: tl.constexpr, LOG2_D: tl.constexpr):
+def _gather(X, Y, norm, ROWS: tl.constexpr, D: tl.constexpr, LOG2_D: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, D)
     x = tl.load(X + rows[:, None] * D + cols[None, :])
@@ -39,22 +41,18 @@ def _current(X, Y, norm, ROWS: tl.constexpr, D: tl.constexpr, LOG2_D: tl.constex
 
 
 @triton.jit
-def _gather(X, Y, norm, ROWS: tl.constexpr, D: tl.constexpr, LOG2_D: tl.constexpr):
+def _conversions(X, Y, norm, ROWS: tl.constexpr, D: tl.constexpr, LOG2_D: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, D)
     x = tl.load(X + rows[:, None] * D + cols[None, :])
-    for s in tl.static_range(2):  # h = 1, 2: partners in one thread's four columns
+    for s in tl.static_range(LOG2_D):
         pairs = tl.permute(tl.reshape(x, [ROWS, D >> (s + 1), 2, 1 << s]), [0, 1, 3, 2])
         a, b = tl.split(pairs)
         x = tl.reshape(tl.permute(tl.join(a + b, a - b), [0, 1, 3, 2]), [ROWS, D])
-    col = tl.zeros([ROWS, D], tl.int32) + cols[None, :]
-    for s in tl.static_range(2, LOG2_D):  # the lower column gets a + b, the upper a - b
-        partner = tl.gather(x, col ^ (1 << s), 1)
-        x = tl.where((col & (1 << s)) == 0, x + partner, partner - x)
     tl.store(Y + rows[:, None] * D + cols[None, :], _mul_rn(x, tl.zeros_like(x) + norm))
 
 
-KERNELS = {"current": _current, "gather": _gather}
+KERNELS = {"gather": _gather, "conversions": _conversions}
 
 
 def main() -> int:
@@ -67,7 +65,7 @@ def main() -> int:
     want = rotate(x)
     norm = hadamard_norm(D)
     print(f"{torch.cuda.get_device_name()}; {n} rows of {D} FP32, {ROWS} a program, {WARPS} warps")
-    print(f"{'kernel':8s} {'bit-equal':>9s} {'ms':>8s} {'GB/s':>7s}")
+    print(f"{'kernel':11s} {'bit-equal':>9s} {'ms':>8s} {'GB/s':>7s}")
     for name, kernel in KERNELS.items():
         y = torch.empty_like(x)
         def launch(kernel=kernel, y=y):
@@ -77,7 +75,7 @@ def main() -> int:
         equal = torch.equal(y.view(torch.int32), want.view(torch.int32))
         t = time_kernels(launch, 1.0, 2.0)
         ms = t.median_ms(t.main_kernel())
-        print(f"{name:8s} {str(equal):>9s} {ms:8.3f} {2 * x.numel() * 4 / ms / 1e6:7.0f}", flush=True)
+        print(f"{name:11s} {str(equal):>9s} {ms:8.3f} {2 * x.numel() * 4 / ms / 1e6:7.0f}", flush=True)
     return 0
 
 

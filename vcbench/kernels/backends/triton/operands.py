@@ -120,7 +120,8 @@ def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=N
             multiplier if multiplier is not None else 1.0, norm, ROWS=rows_per_scale, D=d,
             FMT=fmt, HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
             MULTIPLY=multiplier is not None, HADAMARD=rotated, LOG2_D=d.bit_length() - 1,
-            Cos=cos, Sin=sin, ROPE=rope_switch)
+            Cos=cos, Sin=sin, ROPE=rope_switch,
+            num_warps=quantize_warps(rows_per_scale, d, rotated or rope is not None))
         return out, scale
 
     # RoPE and the QK Hadamard run inside the quantizers (spec.rope's FP32 ops, then
@@ -163,6 +164,13 @@ def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=N
     poison = nonfinite_poison((b, h), qs, ks, v_scale)
     v_scale = v_scale + poison[..., None]
     return GpuOperands(qc, qs, kc, ks, v_t, v_scale, stored, n, permutation)
+
+
+def quantize_warps(rows: int, d: int, rotating: bool) -> int:
+    """Warps of the Q/K quantizer over one scale's `rows` x `d` tile: 4, or 8 where the QK
+    Hadamard or RoPE keeps temporaries beside more than 64 elements a thread (a 128-row K tile
+    on 4 warps spills with both, sm_90; tests/test_nvfp4_compile.py)."""
+    return 8 if rotating and rows * d > 64 * 128 else 4
 
 
 def kernel_switches(plan: Plan) -> dict:

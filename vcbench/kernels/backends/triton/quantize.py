@@ -169,11 +169,23 @@ def hadamard_rows(x, norm, ROWS: tl.constexpr, D: tl.constexpr, LOG2_D: tl.const
     """spec.rotation.rotate of each row of x (ROWS, D) in registers: the same butterfly
     stages (x_j + x_(j+h), x_j - x_(j+h) for h = 1, 2, ..., D/2) in the same order, then the
     multiply by `norm`, the FP32 1/sqrt(D) (`hadamard_norm`), each rounded on its own, so the
-    codes match the emulation's bit for bit."""
+    codes match the emulation's bit for bit.
+
+    The stages h = 1, 2 pair columns a thread holds (its four adjacent ones) and are split and
+    joined in place; from h = 4 the partner lives in another lane, and a gather of column j ^ h
+    (warp shuffles) takes its value: the lower column of a pair gets a + b, the upper a - b, the
+    same IEEE operations. Expressed as split and join, those stages were layout conversions
+    through shared memory with a barrier each, and the 8-bit K quantizer's 128-row tile
+    spilled (tests/test_nvfp4_compile.py holds the quantizers to no spills)."""
+    col = tl.zeros([ROWS, D], tl.int32) + tl.arange(0, D)[None, :]
     for s in tl.static_range(LOG2_D):
-        pairs = tl.permute(tl.reshape(x, [ROWS, D >> (s + 1), 2, 1 << s]), [0, 1, 3, 2])
-        a, b = tl.split(pairs)
-        x = tl.reshape(tl.permute(tl.join(a + b, a - b), [0, 1, 3, 2]), [ROWS, D])
+        if s < 2:
+            pairs = tl.permute(tl.reshape(x, [ROWS, D >> (s + 1), 2, 1 << s]), [0, 1, 3, 2])
+            a, b = tl.split(pairs)
+            x = tl.reshape(tl.permute(tl.join(a + b, a - b), [0, 1, 3, 2]), [ROWS, D])
+        else:
+            partner = tl.gather(x, col ^ (1 << s), 1)
+            x = tl.where((col & (1 << s)) == 0, x + partner, partner - x)
     return _mul_rn(x, tl.zeros_like(x) + norm)
 
 
