@@ -128,10 +128,15 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
     # K's token mean: softmax is invariant to it, the quantizer is not. The fused kernel's
     # order (paper, appendix B): the statistic from the unrotated K, then the rotation, then
     # the subtraction of the rotated mean (equal to rotating K - mean in exact arithmetic).
+    # Q smoothing's block means (SageAttention3's) take the same order: from the unrotated Q,
+    # rotated once a block, so a quantizer rotates each Q row once per pass, not once more
+    # for its mean.
     k_mean = token_mean(k) if plan.smooth_k else None
+    q_mean = block_means(pad_tokens(q, plan.block_m), plan.block_m, n) if plan.smooth_q else None
     if plan.hadamard_qk:
         q, k = rotate(q), rotate(k)
         k_mean = None if k_mean is None else rotate(k_mean)
+        q_mean = None if q_mean is None else rotate(q_mean)
     if k_mean is not None:
         k = k - k_mean
     if plan.vsmooth is not None and plan.vsmooth.hadamard_v:
@@ -141,9 +146,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
     k = pad_tokens(k, plan.block_n)
     v = pad_tokens(v, plan.block_n)
 
-    q_mean = None
-    if plan.smooth_q:
-        q_mean = block_means(q, plan.block_m, n)
+    if q_mean is not None:
         q = zero_rows(q - q_mean.repeat_interleave(plan.block_m, dim=-2), n)
 
     v_mean = None

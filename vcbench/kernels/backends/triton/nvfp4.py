@@ -21,8 +21,9 @@ Dequantized here, once a call, rather than in the attention kernel: there every 
 would be dequantized again by each of the N / block_m programs that read it, and the codes'
 loads could not stream into shared memory as FP16 tiles do.
 
-One pass over each input, in the emulation's order: Q (gather-free: the scale fold, the QK
-Hadamard, Q smoothing's block means, codes), K (its token mean by one more read, then gather,
+One pass over each input, in the emulation's order: Q (gather-free: the scale fold, Q
+smoothing's block means of the unrotated rows by a first read of the tile, rotated once, the
+QK Hadamard, the means' subtraction, codes), K (its token mean by one more read, then gather,
 rotation, subtraction of the rotated mean, codes, and for Q smoothing the gathered 16-bit
 rows the bias reads), V (gather, V-Smooth's block means, codes). The rotation is the 8-bit
 quantizers' butterfly (`quantize.hadamard_rows`), the same IEEE operations in the same order
@@ -274,16 +275,19 @@ def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAma
     bh = tl.program_id(1).to(tl.int64)
     groups = tl.arange(0, D // 16)
     cols = groups[:, None] * 16 + tl.arange(0, 16)[None, :]  # (D / 16, 16)
-    if SMOOTH:
+    if SMOOTH:  # the block's mean from the unrotated rows, then rotated once (the emulation's)
         sums = tl.zeros((D // 16, 16), tl.float64)
         for c in range(ROWS // CHUNK):
             rows = block * ROWS + c * CHUNK + tl.arange(0, CHUNK)
             x = _qk_chunk(X, Perm, Mean, Gathered, rows, bh, n, stride_b, stride_h, stride_n,
                           H, multiplier, norm, CHUNK, D, HAS_PERM, HAS_MEAN, MULTIPLY, False,
-                          HADAMARD, LOG2_D)
+                          False, LOG2_D)
             sums += tl.sum(x.to(tl.float64), 0)
         count = tl.minimum(n - block * ROWS, ROWS).to(tl.float64)
         mean = (sums / count).to(tl.float32)
+        if HADAMARD:
+            mean = tl.reshape(hadamard_rows(tl.reshape(mean, (1, D)), norm, 1, D, LOG2_D),
+                              (D // 16, 16))
         if not AMAX_ONLY:
             tl.store(QMean + (bh * (n_pad // ROWS) + block) * D + cols, mean)
     block_amax = tl.zeros((), tl.float32)
