@@ -137,5 +137,5 @@ def test_timeit_times_a_v_smooth_methods_plain_steps_on_the_same_kernel(built, m
     assert row["implementation"] == row["plain_implementation"] == compiled.IMPLEMENTATION
     assert row["plain_ms"] > 0 and row["attention_ms"] > 0 and row["plain_preprocess_ms"] > 0
     # the two kernels alternated in one window: distinct instances, a ratio of two medians
-    assert 0.5 < row["plain_over_method"] < 2.0 and row["plain_sm_mhz"] == row["plain_sm_mhz"]
+    assert 0.5 < row["plain_over_method"] < 2.0 and "plain_sm_mhz" in row
 
