@@ -78,15 +78,13 @@ def test_alternating_launches_are_told_apart_by_name_or_by_their_order():
 
     # two kernels of their own names, alternating, with a third kernel between them
     order = (("a", 1.0), ("pad", 9.0), ("b", 2.0), ("a", 3.0), ("b", 4.0), ("a", 5.0), ("b", 60.0))
-    by_kernel = {}
-    for name, ms in order:
-        by_kernel.setdefault(name, []).append(ms)
-    two = KernelTimes(3, by_kernel, in_order=order)
+    two = KernelTimes(3, order)
+    assert two.by_kernel == {"a": [1.0, 3.0, 5.0], "pad": [9.0], "b": [2.0, 4.0, 60.0]}
     assert alternating_medians(two, "a", "b") == (3.0, 4.0)
     # one name for both (a Triton kernel's two specialisations): the first launch of each pair
     # is a's, the second b's, whatever their durations
     order = (("k", 10.0), ("k", 1.0), ("k", 30.0), ("k", 2.0), ("k", 20.0), ("k", 3.0))
-    one = KernelTimes(3, {"k": [ms for _, ms in order]}, in_order=order)
+    one = KernelTimes(3, order)
     assert alternating_medians(one, "k", "k") == (20.0, 2.0)
     with pytest.raises(RuntimeError, match="not pairs"):
-        alternating_medians(KernelTimes(1, {"k": [1.0]}, in_order=(("k", 1.0),)), "k", "k")
+        alternating_medians(KernelTimes(1, (("k", 1.0),)), "k", "k")

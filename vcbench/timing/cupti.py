@@ -20,15 +20,22 @@ import torch
 
 @dataclass(frozen=True)
 class KernelTimes:
-    """Durations (ms) of every kernel launched in the window, by kernel name, and the median SM
-    clock (MHz) and power (W) the card ran the window at (NaN where NVML cannot be read)."""
+    """Every kernel launched in the window as (name, ms), in the order the launches started,
+    and the median SM clock (MHz) and power (W) the card ran the window at (NaN where NVML
+    cannot be read)."""
 
     calls: int
-    by_kernel: dict[str, list[float]]
+    in_order: tuple[tuple[str, float], ...]
     sm_mhz: float = math.nan
     power_w: float = math.nan
-    # every launch as (name, ms), in the order the kernels started
-    in_order: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def by_kernel(self) -> dict[str, list[float]]:
+        """The durations by kernel name, each name's in launch order."""
+        found: dict[str, list[float]] = defaultdict(list)
+        for name, ms in self.in_order:
+            found[name].append(ms)
+        return dict(found)
 
     def median_ms(self, name: str) -> float:
         return statistics.median(self.by_kernel[name])
@@ -73,11 +80,8 @@ def time_kernels(fn: Callable[[], object], warmup_s: float = 20.0, window_s: flo
                 continue
             launches.append((event.start_ns(), name, event.duration_ns() / 1e6))
     launches.sort()
-    by_kernel: dict[str, list[float]] = defaultdict(list)
-    for _, name, ms in launches:
-        by_kernel[name].append(ms)
-    return KernelTimes(calls, dict(by_kernel), clocks.sm_mhz, clocks.power_w,
-                       tuple((name, ms) for _, name, ms in launches))
+    return KernelTimes(calls, tuple((name, ms) for _, name, ms in launches), clocks.sm_mhz,
+                       clocks.power_w)
 
 
 def alternating_medians(times: KernelTimes, name_a: str, name_b: str) -> tuple[float, float]:
