@@ -132,7 +132,8 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
     # rotated once a block, so a quantizer rotates each Q row once per pass, not once more
     # for its mean.
     k_mean = token_mean(k) if plan.smooth_k else None
-    q_mean = block_means(pad_tokens(q, plan.block_m), plan.block_m, n) if plan.smooth_q else None
+    q = pad_tokens(q, plan.block_m)  # zero rows: the rotation keeps them zero
+    q_mean = block_means(q, plan.block_m, n) if plan.smooth_q else None
     if plan.hadamard_qk:
         q, k = rotate(q), rotate(k)
         k_mean = None if k_mean is None else rotate(k_mean)
@@ -142,7 +143,6 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan, *,
     if plan.vsmooth is not None and plan.vsmooth.hadamard_v:
         v = rotate(v)
 
-    q = pad_tokens(q, plan.block_m)
     k = pad_tokens(k, plan.block_n)
     v = pad_tokens(v, plan.block_n)
 
