@@ -26,7 +26,6 @@ from interpreted import INTERPRETED, rerun_interpreted  # noqa: E402
 def within_bound(term, bias_q, centered):
     """term (BH, M, >= N) against the FP64 product of bias_q (BH, M, D) and centered (BH, N, D)
     (FP32): the largest excess over the bound (<= 0 passes)."""
-
     d = bias_q.shape[-1]
     exact = bias_q.double() @ centered.double().transpose(1, 2)
     magnitude = bias_q.double().abs() @ centered.double().abs().transpose(1, 2)
