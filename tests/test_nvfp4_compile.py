@@ -148,16 +148,16 @@ def test_preprocessing_kernels_compile_without_spills(kernel, constexprs, tmp_pa
     assert (used["STACK"], used["LOCAL"], used["LDL/STL"]) == (0, 0, 0), used
 
 
-def test_the_score_term_runs_on_tf32_tensor_cores_without_spills(tmp_path):
-    """Q smoothing's score term (the compiled NVFP4 path's): three TF32 wgmmas a k-step, no
-    spills, and its pipelined key tiles inside sm_90's 227 KB of shared memory."""
+def test_the_score_term_runs_on_tf32_tensor_cores_in_shared_memory(tmp_path):
+    """Q smoothing's score term (the compiled NVFP4 path's): TF32 wgmmas, and its key tiles
+    inside sm_90's 227 KB of shared memory. It spills (128 query blocks' split means take 128
+    registers a thread), and is held to no spill-free rule: on the H200 this tile ran in 8.8 ms
+    at the Wan2.2 shape, every spill-free tile timed beside it in 11.3 ms or more."""
     compiled = compile_for_sm90(
         nvfp4._score_term, {"D": 128, "BM": nvfp4.SCORE_BLOCK_M, "BN": nvfp4.SCORE_BLOCK_N,
                             "TILES": nvfp4.SCORE_TILES},
         pointers={"Out": "fp32"}, num_warps=nvfp4.SCORE_WARPS, num_stages=nvfp4.SCORE_STAGES)
-    assert re.search(r"wgmma\.mma_async\S*\.tf32", compiled.asm["ptx"])
-    used = resources(compiled, tmp_path)
-    assert (used["STACK"], used["LOCAL"], used["LDL/STL"]) == (0, 0, 0), used
+    assert len(re.findall(r"wgmma\.mma_async\S*\.tf32", compiled.asm["ptx"])) >= 3
     assert compiled.metadata.shared <= 227 * 1024
 
 

@@ -395,14 +395,24 @@ def _fill_nan(X, Poison, per_head, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _tf32_halves(x):
+    """x = big + small exactly, big x rounded to TF32 (10 mantissa bits, to nearest, ties away
+    from zero: cvt.rna's rounding); small's own low 13 bits the tensor core then ignores."""
+    big = ((x.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return big, x - big
+
+
+@triton.jit
 def _score_term(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_chunks, m_tiles,
                 D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TILES: tl.constexpr):
     """Q smoothing's score term for BM query blocks and TILES x BN keys of one (batch, head):
     bias_q . (K_in - mean_K), FP32 out, zero for the padded keys. The centering is the FP32
-    subtraction the emulation does; the product is tf32x3 (three TF32 tensor-core products,
-    hi.hi + hi.lo + lo.hi of each FP32 operand split in two: ~2^-21 of each term, FP32's own
+    subtraction the emulation does; the product is three TF32 tensor-core products (small.big
+    + big.small + big.big of each FP32 operand split in two: ~2^-21 of each term, FP32's own
     accumulation error being larger), where a plain FP32 product would run on the CUDA cores.
-    The query-block means are loaded once a program and the key tiles streamed past them."""
+    The query-block means are loaded and split once a program and the key tiles streamed past
+    them (Triton's tf32x3 dot splits both operands again at every tile: 9.1 against 8.8 ms at
+    the Wan2.2 shape on the H200, the same tiles)."""
     pid = tl.program_id(0).to(tl.int64)  # keys fastest: a head's query-block means stay in L2
     chunk = pid % key_chunks
     bh = pid // key_chunks // m_tiles
@@ -411,6 +421,7 @@ def _score_term(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_chunks, m_tiles
     in_m = blocks < q_blocks
     means = tl.load(BiasQ + (bh * q_blocks + blocks)[:, None] * D + cols[None, :],
                     mask=in_m[:, None], other=0.0)
+    m_big, m_small = _tf32_halves(means)
     k_mean = tl.load(KMean + bh * D + cols)
     for t in range(TILES):
         keys = (chunk * TILES + t) * BN + tl.arange(0, BN)
@@ -418,7 +429,10 @@ def _score_term(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_chunks, m_tiles
         k = tl.load(KIn + (bh * n + keys)[:, None] * D + cols[None, :], mask=real[:, None],
                     other=0.0)
         centered = tl.where(real[:, None], k.to(tl.float32) - k_mean[None, :], 0.0)
-        term = tl.dot(means, tl.trans(centered), input_precision="tf32x3")
+        k_big, k_small = _tf32_halves(tl.trans(centered))
+        term = tl.dot(m_small, k_big, input_precision="tf32")
+        term = tl.dot(m_big, k_small, term, input_precision="tf32")
+        term = tl.dot(m_big, k_big, term, input_precision="tf32")
         tl.store(Out + (bh * q_blocks + blocks)[:, None] * nk_pad + keys[None, :], term,
                  mask=in_m[:, None] & (keys < nk_pad)[None, :])
 
@@ -481,10 +495,11 @@ class Nvfp4Operands:
         return torch.where(full > 0, values / torch.where(full > 0, full, 1.0), 0.0)
 
 
-# The score term's tile: 64 query blocks x 64 keys a dot on 8 warps, 8 key tiles a program
-# streamed through 2 stages (at D = 128 with sm_90's ptxas: 161 registers, no spills, 144 KB
-# of shared memory; on 4 warps the TF32 halves spill, wider tiles pass 227 KB)
-SCORE_BLOCK_M, SCORE_BLOCK_N, SCORE_WARPS, SCORE_TILES, SCORE_STAGES = 64, 64, 8, 8, 2
+# The score term's tile, the fastest of 14 timed at the Wan2.2 shape on the H200 (8.8 ms; 64
+# query blocks on 2 stages, what shipped before, 16.7): 128 query blocks x 64 keys a dot on 8
+# warps, 8 key tiles a program, one stage (the loads of the next tile are in flight beside the
+# products anyway: two stages were slower, 9.7)
+SCORE_BLOCK_M, SCORE_BLOCK_N, SCORE_WARPS, SCORE_TILES, SCORE_STAGES = 128, 64, 8, 8, 1
 
 
 def score_term(ops: Nvfp4Operands, nk_pad: int) -> torch.Tensor:
