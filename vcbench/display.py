@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -16,11 +17,13 @@ err_console = Console(stderr=True)
 
 
 def _cell(value) -> str:
+    """A table cell as text. Escaped: rich would read a variant's "[hadamard_qk=True]" as
+    markup and drop it, printing two different rows under one name."""
     if isinstance(value, float):
         if math.isinf(value) or math.isnan(value):
             return str(value)
         return f"{value:.4g}"
-    return str(value)
+    return escape(str(value))
 
 
 def print_table(df: pd.DataFrame, title: str | None = None, caption: str | None = None,
@@ -28,12 +31,13 @@ def print_table(df: pd.DataFrame, title: str | None = None, caption: str | None 
     """`compact`: no column rules (a wide listing that should fit 100 columns)."""
     from rich import box
 
-    table = Table(title=title, caption=caption,
+    table = Table(title=None if title is None else escape(title),
+                  caption=None if caption is None else escape(caption),
                   **({"box": box.SIMPLE_HEAD, "collapse_padding": True, "pad_edge": False}
                      if compact else {}))
     for col in df.columns:
         numeric = pd.api.types.is_numeric_dtype(df[col]) and not pd.api.types.is_bool_dtype(df[col])
-        table.add_column(str(col), justify="right" if numeric else "left", no_wrap=True)
+        table.add_column(escape(str(col)), justify="right" if numeric else "left", no_wrap=True)
     for row in df.itertuples(index=False):
         table.add_row(*(_cell(v) for v in row))
     # Never crop numbers to fit a narrow terminal: widen the output instead.
