@@ -333,6 +333,23 @@ def test_score_run_then_report_run_shows_the_fidelity_table(tmp_path, capsys):
     assert "| vc-8bit | 4 |" in (tmp_path / "out" / "report.md").read_text()
 
 
+def test_report_prints_each_variant_under_its_own_name(tmp_path, capsys):
+    """The console table names a variant as report.md does: "[schedule_placement=uniform]"
+    must not be read as rich markup and dropped, which printed two rows under one name."""
+    gen = make_generate_run(tmp_path / "gen")
+    ref = make_generate_run(tmp_path / "ref", methods=("bf16",), with_score=False)
+    uniform = make_generate_run(tmp_path / "u", methods=("vc-8bit",),
+                                schedule={"schedule_placement": "uniform"}, with_score=False)
+    write_outputs(score(ref, uniform, ScoreOptions(["psnr", "ssim"])), uniform / "score.json", None)
+    capsys.readouterr()
+    assert _cli("report", gen, ref, uniform, "--out", tmp_path / "out") == 0
+    out, err = capsys.readouterr()
+    names = [line.split("│")[1].strip() for line in out.splitlines() if line.count("│") > 2]
+    assert names == ["bf16", "fp8-fa4", "vc-8bit", "vc-8bit [schedule_placement=uniform]"]
+    # the bf16-only reference run has nothing to score: no warning that it is unscored
+    assert "warning" not in err
+
+
 def test_score_across_runs_pairs_with_the_reference_runs_bf16_and_report_takes_it(tmp_path, capsys):
     a = make_generate_run(tmp_path / "a")  # bf16, and a vc-8bit of its own (sigma 2)
     b = make_generate_run(tmp_path / "b", methods=("vc-8bit",), sigma={"vc-8bit": 5.0},
