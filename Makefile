@@ -72,6 +72,7 @@ DEMO     := results/demo
 METHODS_ALL := bf16,fp8-fa4,sage2-8bit,sage3-4bit,attnqat-tf,vc-8bit,vc-8bit-vsmooth,vc-4bit,vc-8bit-fp8qk
 TINY     := --model tiny-wan --prompts experiments/demo-prompts.txt --seeds 0,1
 demo: $(SETUP)
+	@$(PYTHON) -m vcbench.metrics psnr,ssim,lpips
 	$(VCBENCH) generate $(TINY) --methods $(METHODS_ALL) --out $(DEMO)/generate
 	$(VCBENCH) score $(DEMO)/generate --metrics psnr,ssim,lpips \
 	    --json $(DEMO)/generate/score.json --csv $(DEMO)/generate/score.csv
@@ -130,6 +131,7 @@ table2: $(SETUP)
 	@test -n "$(METHODS_$(GPU))" || { echo "error: GPU=$(GPU) is not one of datacenter, workstation" >&2; exit 2; }
 	@test "$(MODEL)" = tiny || for f in dino_model/dino_vitbase16_pretrain.pth pyiqa_model/musiq_spaq_ckpt-358bb6af.pth; do \
 	    test -f "$(VBENCH)/$$f" || { echo "error: make table2 scores VBench's two dimensions and needs $(VBENCH)/$$f (set VBENCH_CACHE_DIR)" >&2; exit 2; }; done
+	@$(PYTHON) -m vcbench.metrics $(METRICS)
 	$(VCBENCH) generate $(GEN) --methods bf16 --out $(T2)/bf16
 	$(VCBENCH) generate $(GEN) --methods $(METHODS_$(GPU)) --out $(T2)/generate
 	$(VCBENCH) generate $(GEN) --methods $(HADAMARD_$(GPU)) \
@@ -145,6 +147,7 @@ table2: $(SETUP)
 T3 = results/table3-$(MODEL)
 table3: $(SETUP)
 	$(need_model)
+	@$(PYTHON) -m vcbench.metrics psnr,ssim,lpips
 	$(VCBENCH) generate $(GEN) --methods bf16 --out $(T3)/bf16
 	$(VCBENCH) generate $(GEN) --methods vc-8bit --schedule-placement leading --out $(T3)/leading
 	$(VCBENCH) generate $(GEN) --methods vc-8bit --schedule-placement uniform --out $(T3)/uniform
@@ -161,6 +164,7 @@ T4 = results/table4-$(MODEL)
 T4_METHODS := vc-8bit-fp8qk,fp8-fa4
 table4: $(SETUP)
 	$(need_model)
+	@$(PYTHON) -m vcbench.metrics psnr,ssim,lpips
 	$(VCBENCH) generate $(GEN) --methods bf16 --out $(T4)/bf16
 	$(VCBENCH) generate $(GEN) --methods $(T4_METHODS) --out $(T4)/generate
 	$(VCBENCH) score $(T4)/bf16 $(T4)/generate --metrics psnr,ssim,lpips --json $(T4)/generate/score.json

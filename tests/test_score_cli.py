@@ -204,3 +204,38 @@ def test_usage_mistakes_are_one_line_errors(tmp_path, capsys, args, message):
              "run": write_run(tmp_path / "run", {("bf16", "p0", 0): smooth_clip(0, frames=2)})}
     code, out, err = run_cli(["score", *(a.format(**paths) for a in args)], capsys)
     assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_a_metric_whose_package_is_missing_is_one_line_before_any_clip(tmp_path):
+    """A metric's `requires` is checked when the metric is asked for, in a real subprocess with
+    the metric from a real plugin file: exit 2, one line naming the package, nothing written.
+    `python -m vcbench.metrics` (what the Makefile asks before generating) says the same."""
+    import os
+    import subprocess
+    import sys
+
+    from cli_runs import ROOT, run_vcbench
+
+    plugin = tmp_path / "absent_metric.py"
+    plugin.write_text(
+        "import vcbench\n"
+        "from vcbench.metrics import MetricEntry\n"
+        "vcbench.register(MetricEntry('needs-absent', lambda s: lambda ref, cand: 0.0, True,\n"
+        "                             requires=('vcbench_no_such_package',)))\n")
+    ref = smooth_clip(0, frames=3)
+    write_frames(tmp_path / "ref", ref)
+    write_frames(tmp_path / "cand", perturb(ref, 1, 5.0))
+    line = ("error: metric needs-absent needs the Python package 'vcbench_no_such_package', "
+            "which this environment lacks (pip install vcbench_no_such_package)")
+    done = run_vcbench("--plugin", plugin, "score", tmp_path / "ref", tmp_path / "cand",
+                       "--metrics", "psnr,needs-absent", "--json", tmp_path / "s.json")
+    assert (done.returncode, done.stderr.strip()) == (2, line)
+    assert not (tmp_path / "s.json").exists()
+
+    env = {**os.environ, "VCBENCH_PLUGINS": str(plugin)}
+    check = [sys.executable, "-m", "vcbench.metrics"]
+    done = subprocess.run([*check, "psnr,needs-absent"], cwd=ROOT, env=env, capture_output=True,
+                          text=True)
+    assert (done.returncode, done.stderr.strip()) == (2, line)
+    done = subprocess.run([*check, "psnr,ssim"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (0, "")

@@ -8,6 +8,7 @@ can run it over many clips. A plugin registers a metric the same way.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,9 @@ class MetricEntry:
     higher_is_better: bool
     absolute: bool = False
     summary: str = ""
+    # Python packages `build` imports, checked when the metric is asked for: a missing one is
+    # one line before any clip is read, not a traceback after a run's other metrics
+    requires: tuple[str, ...] = ()
 
     @property
     def direction(self) -> str:
@@ -77,7 +81,8 @@ METRICS: Registry[MetricEntry] = Registry("metric", "vcbench.metrics")
 METRICS.register_builtins((
     MetricEntry("psnr", _psnr, True, summary="peak signal-to-noise ratio vs the reference (dB)"),
     MetricEntry("ssim", _ssim, True, summary="structural similarity vs the reference"),
-    MetricEntry("lpips", _lpips, False, summary="learned perceptual distance vs the reference"),
+    MetricEntry("lpips", _lpips, False, summary="learned perceptual distance vs the reference",
+                requires=("lpips", "torchvision")),
     MetricEntry("subject_consistency", _vbench("subject_consistency"), True, absolute=True,
                 summary="VBench: DINO feature consistency across frames (the clip alone)"),
     MetricEntry("imaging_quality", _vbench("imaging_quality"), True, absolute=True,
@@ -99,6 +104,11 @@ def parse_metric_names(text: str) -> list[str]:
     if unknown or not names:
         raise UserError(f"unknown metric {unknown[0] if unknown else '(none)'!r}; "
                         f"choose from {','.join(METRICS)}")
+    for name in names:
+        missing = [p for p in METRICS.get(name).requires if importlib.util.find_spec(p) is None]
+        if missing:
+            raise UserError(f"metric {name} needs the Python package {missing[0]!r}, which this "
+                            f"environment lacks (pip install {missing[0]})")
     return list(dict.fromkeys(names))
 
 
