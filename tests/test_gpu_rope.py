@@ -1,6 +1,7 @@
-"""RoPE fused into the 8-bit Triton quantizers, on a GPU (skipped elsewhere): the operands are
+"""RoPE fused into the Triton quantizers, on a GPU (skipped elsewhere): the 8-bit operands are
 bit-equal to the emulation's (which rotates first, as diffusers does) on the same CUDA
-tensors, and `attention(..., rope=...)` on every GPU backend gives the bits of rotating first
+tensors, the NVFP4 ones to the same preprocessing of eagerly rotated q and k (whose equality
+with the emulation tests/test_nvfp4_prepare.py holds), and `attention(..., rope=...)` on every GPU backend gives the bits of rotating first
 and calling it (a backend without the fusion is given q, k rotated: the same call)."""
 
 import zlib
@@ -45,8 +46,32 @@ def test_fused_rope_operands_equal_the_emulations(method, options, n, d, dtype):
     assert_bit_equal(ops.v_t.transpose(-1, -2), emu.v.codes, "V codes")
 
 
+NVFP4_FIELDS = ("q", "q_scale", "k", "k_scale", "v", "v_scale", "q_outer", "k_outer", "q_mean",
+                "bias_q", "k_mean", "k_input")
+
+
+@pytest.mark.parametrize("method, options", [("sage3-4bit", {}), ("vc-4bit", {}),
+                                             ("vc-4bit", {"hadamard_qk": False}),
+                                             ("attnqat-tf", {})])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_rope_nvfp4_operands_equal_rotating_first(method, options, dtype):
+    from vcbench.kernels.backends.triton import nvfp4
+
+    n, d = 4133, 128
+    q, k, v, rope = outlier_inputs(n, d, zlib.crc32(f"nvfp4{method}{options}".encode()), dtype)
+    plan = get_method(method).plan(options)
+    perm = None if plan.vsmooth is None else vcbench.kernels.group(v, plan.vsmooth).permutation
+    fused = nvfp4.prepare(q, k, v, plan, permutation=perm, rope=rope)
+    eager = nvfp4.prepare(apply_rope(q, rope), apply_rope(k, rope), v, plan, permutation=perm)
+    for name in NVFP4_FIELDS:
+        a, b = getattr(fused, name), getattr(eager, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert_bit_equal(a, b, name)
+
+
 @pytest.mark.parametrize("method", ["vc-8bit", "vc-8bit-vsmooth", "vc-8bit-fp8qk", "sage2-8bit",
-                                    "fp8-fa4", "bf16", "vc-4bit", "sage3-4bit"])
+                                    "fp8-fa4", "bf16", "vc-4bit", "sage3-4bit", "attnqat-tf"])
 def test_every_gpu_backend_with_rope_is_rotate_then_run(method):
     q, k, v, rope = outlier_inputs(1000, 128, zlib.crc32(method.encode()))
     perm = {}

@@ -34,7 +34,8 @@ POINTERS = {  # argument name -> element type, as prepare / launch pass them
     "Vs": "fp16", "Scales": "fp16", "VM": "fp16", "StoredMeans": "fp16", "QO": "fp32",
     "KO": "fp32", "VO": "fp32", "BiasQ": "fp32", "KMean": "fp32", "Mean": "fp32",
     "Outer": "fp32", "QMean": "fp32", "KIn": "bf16", "X": "bf16", "Gathered": "bf16",
-    "Sums": "fp64", "Perm": "i32", "Out": "bf16", "BlockAmax": "fp32", "ValuesT": "fp16", "Bad": "i32"}
+    "Sums": "fp64", "Perm": "i32", "Out": "bf16", "BlockAmax": "fp32", "ValuesT": "fp16", "Bad": "i32",
+    "Cos": "fp32", "Sin": "fp32"}
 
 
 # Integer arguments at the Wan2.2 shape (B1 H40 N75600 D128, HND): a launch specializes every
@@ -112,8 +113,9 @@ def test_attention_kernel_uses_wgmma_and_does_not_spill(variant, tmp_path):
     assert (used["STACK"], used["LOCAL"], used["LDL/STL"]) == (0, 0, 0), used
 
 
-QK_PLAIN = dict(HADAMARD=False, LOG2_D=0, AMAX_ONLY=False)
-QK_ROTATED = dict(HADAMARD=True, LOG2_D=7, AMAX_ONLY=False)
+QK_PLAIN = dict(HADAMARD=False, LOG2_D=0, AMAX_ONLY=False, ROPE=0)
+QK_ROTATED = dict(HADAMARD=True, LOG2_D=7, AMAX_ONLY=False, ROPE=0)
+ROPE_BF16 = 1  # quantize.ROUND_BF16: Wan's RoPE fused, bf16 inputs
 SMOOTH_TILE = dict(ROWS=128, CHUNK=nvfp4.QK_CHUNK)  # Q smoothing: the query tile, in steps
 STEP = dict(ROWS=nvfp4.QK_CHUNK, CHUNK=nvfp4.QK_CHUNK)
 
@@ -132,13 +134,26 @@ STEP = dict(ROWS=nvfp4.QK_CHUNK, CHUNK=nvfp4.QK_CHUNK)
     ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=False,
                           OUTER=False, GATHER_OUT=False, **{**QK_ROTATED, "AMAX_ONLY": True},
                           **STEP)),
+    ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=True,
+                          OUTER=False, GATHER_OUT=False, **{**QK_ROTATED, "ROPE": ROPE_BF16},
+                          **SMOOTH_TILE)),
+    ("_quantize_qk", dict(HAS_PERM=True, HAS_MEAN=True, MULTIPLY=False, SMOOTH=False,
+                          OUTER=False, GATHER_OUT=True, **{**QK_ROTATED, "ROPE": ROPE_BF16},
+                          **STEP)),
+    ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=True, MULTIPLY=False, SMOOTH=False,
+                          OUTER=False, GATHER_OUT=True, **{**QK_PLAIN, "ROPE": ROPE_BF16},
+                          **STEP)),
+    ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=False,
+                          OUTER=False, GATHER_OUT=False,
+                          **{**QK_PLAIN, "AMAX_ONLY": True, "ROPE": ROPE_BF16}, **STEP)),
     ("_quantize_v", dict(HAS_PERM=True, DEMEAN=True, OUTER=False, TRANSPOSED=True, ROWS=128,
                          CHUNK=nvfp4.V_CHUNK)),
     ("_quantize_v", dict(HAS_PERM=False, DEMEAN=False, OUTER=True, TRANSPOSED=False,
                          ROWS=nvfp4.V_CHUNK, CHUNK=nvfp4.V_CHUNK)),
     ("_token_sums", dict(ROWS=128)),
 ], ids=["q-smooth", "k-smooth", "qk-outer", "q-rotated", "k-rotated", "amax-rotated",
-        "v-vsmooth-transposed", "v-outer", "token-sums"])
+        "q-rotated-rope", "k-rotated-rope", "k-rope", "amax-rope", "v-vsmooth-transposed",
+        "v-outer", "token-sums"])
 def test_preprocessing_kernels_compile_without_spills(kernel, constexprs, tmp_path):
     warps = {"_quantize_qk": nvfp4.QK_WARPS, "_quantize_v": nvfp4.V_WARPS}
     compiled = compile_for_sm90(getattr(nvfp4, kernel), {**constexprs, "D": 128},

@@ -67,6 +67,7 @@ else:
     from vcbench.kernels.backends.triton import nvfp4
     from vcbench.kernels.reference.engine import prepare
     from vcbench.kernels.reference.vsmooth import permute_tokens, token_mean
+    from vcbench.kernels.spec.rope import Rope, apply_rope, rope_tables
     from vcbench.kernels.spec.rotation import rotate
 
     def plan_of(method, opts):
@@ -80,14 +81,16 @@ else:
         g = torch.Generator().manual_seed(seed)
         return torch.stack([torch.randperm(n, generator=g) for _ in range(b * h)]).view(b, h, n)
 
-    def all_differences(q, k, v, plan, perm):
+    def all_differences(q, k, v, plan, perm, rope=None):
         """Elements differing from the emulation, per operand (see operand_differences), and
-        of what the bias reads, against their definitions in `Nvfp4Operands`."""
-        emu = prepare(q, k, v, plan, permutation=perm)
-        ops = nvfp4.prepare(q, k, v, plan, permutation=perm, v_transposed=True)
+        of what the bias reads, against their definitions in `Nvfp4Operands`. With `rope`, q
+        and k come before RoPE: the emulation applies it first, the quantizers on load."""
+        emu = prepare(q, k, v, plan, permutation=perm, rope=rope)
+        ops = nvfp4.prepare(q, k, v, plan, permutation=perm, v_transposed=True, rope=rope)
         diff = operand_differences(ops, emu)
         b, h, n, d = q.shape
         if plan.smooth_q:
+            k = k if rope is None else apply_rope(k, rope)
             gathered = k if perm is None else permute_tokens(k, perm.long())
             diff["K input"] = differing(ops.k_input.reshape(b * h, n, d),
                                         gathered.reshape(b * h, n, d))
@@ -119,6 +122,24 @@ else:
             expected.add("V block means")
         assert expected <= set(diff)
         assert torch.isfinite(ops.v).all() and torch.isfinite(ops.q_scale).all()
+
+    @pytest.mark.parametrize("case", CASES, ids=case_id)
+    def test_prepare_with_rope_fused_is_the_emulations_with_rope_first(case):
+        """RoPE fused into the Q and K quantizers (and K's token mean, Q's block means, the
+        outer scales' amax pass, the K rows the bias reads) against the emulation given the
+        same tables, which rotates q and k first as a pipeline does: bit for bit. And the
+        tables change the codes (RoPE is not skipped)."""
+        method, opts, b, h, n, d, layout, kind, permuted = case
+        seed = 6000 + CASES.index(case)
+        q, k, v = inputs(b, h, n, d, layout, kind, seed)
+        rope = Rope(*rope_tables(n, d, "cpu"))
+        plan = plan_of(method, opts)
+        perm = permutation(b, h, n, seed) if permuted else None
+        diff, ops, _ = all_differences(q, k, v, plan, perm, rope)
+        wrong = {what: count for what, count in diff.items() if count != 0}
+        assert not wrong, f"differing elements (-1: missing): {wrong}"
+        plain = nvfp4.prepare(q, k, v, plan, permutation=perm)
+        assert differing(ops.codes("k"), plain.codes("k")) > 0
 
     @pytest.mark.parametrize("method,opts,operand,bad", [
         ("vc-4bit", {}, "k", float("nan")),

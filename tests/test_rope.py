@@ -138,14 +138,15 @@ if not INTERPRETED:
 
         assert fmas(tq.ROUND_BF16) == fmas(tq.ROUND_FP16) == fmas(tq.ROUND_NONE)
 
-    def test_only_the_8bit_backends_on_the_triton_quantizers_fuse_rope():
-        # The compiled sm_90 kernel reads the codes of the same Triton quantizers, so it fuses
-        # RoPE too; the 4-bit backends' preprocessing (nvfp4.prepare) does not rotate.
+    def test_every_backend_on_the_triton_quantizers_fuses_rope():
+        # The compiled sm_90 kernels read the codes of the same Triton quantizers (8-bit and
+        # NVFP4), so they fuse RoPE too (tests/test_nvfp4_prepare.py holds the NVFP4 codes).
         from vcbench.kernels import fuses_rope, rope_placement
         from vcbench.kernels.backends import BACKENDS
 
         assert sorted(b.name for b in BACKENDS.values() if fuses_rope(b)) == [
-            "vcbench-sm90", "vcbench-triton"]
+            "vcbench-sm90", "vcbench-sm90 (nvfp4 on fp16 wgmma)", "vcbench-triton",
+            "vcbench-triton (nvfp4 on fp16 mma)"]
         triton = BACKENDS.get("vcbench-triton")
         rope = inputs()[3]
         assert fuses_rope(triton, rope)

@@ -7,7 +7,8 @@ TRITON   vcbench's fused preprocessing and 8-bit attention kernel (`operands.py`
 NVFP4    the NVFP4 plans (`nvfp4.py`, `nvfp4_attention.py`): E2M1 codes and E4M3 microscales
          bit-equal to the emulation's, dequantized exactly to FP16 and multiplied on 16-bit
          tensor cores. A fidelity kernel: its name says NVFP4 on FP16 MMA wherever its times
-         or results appear, never an FP4 kernel's speed.
+         or results appear, never an FP4 kernel's speed. Its Q and K quantizers apply a
+         call's RoPE on load too.
 `kmeans.py` is V-Smooth's k-means on the GPU."""
 
 from __future__ import annotations
@@ -54,5 +55,5 @@ def run_prepared_nvfp4(ops, plan, out, **launch_config):
 NVFP4 = Backend(NVFP4_IMPLEMENTATION, _available, nvfp4_unsupported_reason,
                 split_prepared(prepare_nvfp4, run_prepared_nvfp4), prepare_nvfp4,
                 run_prepared_nvfp4, label="nvfp4 on fp16 mma", aliases=("nvfp4",),
-                fidelity_only=True,
+                fidelity_only=True, fused_rope=True,
                 cost="H200, Wan2.2 shape: 2.7-4.0x BF16 FA4's time (docs/perf.md)")

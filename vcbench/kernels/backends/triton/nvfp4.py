@@ -55,7 +55,14 @@ import torch
 import triton
 import triton.language as tl
 
-from vcbench.kernels.backends.triton.quantize import abs_max, hadamard_norm, hadamard_rows
+from vcbench.kernels.backends.triton.quantize import (
+    ROUND_NONE,
+    _rope,
+    abs_max,
+    hadamard_norm,
+    hadamard_rows,
+    rope_round,
+)
 
 MAGIC_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + M) - M is y rounded half to even, |y| < 2^22
 MAGIC_MANTISSA = tl.constexpr(0x400000)  # the mantissa bits of 1.5 * 2^k
@@ -215,12 +222,14 @@ def _flag_nan(Bad, bh, scale):
 def _qk_chunk(X, Perm, Mean, Gathered, rows, bh, n, stride_b, stride_h, stride_n, H, multiplier,
               norm, CHUNK: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
               HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr, GATHER_OUT: tl.constexpr,
-              HADAMARD: tl.constexpr, LOG2_D: tl.constexpr):
+              HADAMARD: tl.constexpr, LOG2_D: tl.constexpr, Cos, Sin, ROPE: tl.constexpr):
     """Tokens `rows` (CHUNK of them) of Q or K as FP32 (CHUNK, D / 16, 16), in the emulation's
-    order: gather by the permutation (the gathered input rows written out with GATHER_OUT),
-    scale fold, QK Hadamard (`quantize.hadamard_rows`, the butterfly of `rotation.rotate`, on
-    (CHUNK, D) rows), token-mean subtraction (K smoothing; with HADAMARD, Mean is the rotated
-    mean: appendix B's order). Padding rows are zero (the emulation pads after rotating)."""
+    order: gather by the permutation, RoPE on the source token (`quantize._rope`, spec.rope's
+    FP32 ops rounded to the input's dtype, when ROPE names it), the gathered input rows
+    written out with GATHER_OUT (rotated by RoPE: what the score term reads), scale fold, QK
+    Hadamard (`quantize.hadamard_rows`, the butterfly of `rotation.rotate`, on (CHUNK, D)
+    rows), token-mean subtraction (K smoothing; with HADAMARD, Mean is the rotated mean:
+    appendix B's order). Padding rows are zero (the emulation pads after rotating)."""
     b = bh // H
     h = bh % H
     groups = tl.arange(0, D // 16)
@@ -231,17 +240,21 @@ def _qk_chunk(X, Perm, Mean, Gathered, rows, bh, n, stride_b, stride_h, stride_n
         src = tl.load(Perm + bh * n + rows, mask=valid, other=0).to(tl.int64)
     r64 = rows.to(tl.int64)
     base = X + b * stride_b + h * stride_h
-    if HADAMARD:
+    if HADAMARD or ROPE != 0:  # whole rows: the butterfly and RoPE's pairs work on (CHUNK, D)
         flat = tl.arange(0, D)
         x_in = tl.load(base + src[:, None] * stride_n + flat[None, :], mask=valid[:, None],
                        other=0.0)
-        if GATHER_OUT:
-            tl.store(Gathered + bh * n * D + r64[:, None] * D + flat[None, :], x_in,
-                     mask=valid[:, None])
         x = x_in.to(tl.float32)
+        if ROPE != 0:
+            x = _rope(x, src, valid, Cos, Sin, CHUNK, D, ROPE)  # exact in x_in's dtype
+        if GATHER_OUT:
+            tl.store(Gathered + bh * n * D + r64[:, None] * D + flat[None, :],
+                     x.to(x_in.dtype), mask=valid[:, None])
         if MULTIPLY:
             x = x * multiplier
-        x = tl.reshape(hadamard_rows(x, norm, CHUNK, D, LOG2_D), (CHUNK, D // 16, 16))
+        if HADAMARD:
+            x = hadamard_rows(x, norm, CHUNK, D, LOG2_D)
+        x = tl.reshape(x, (CHUNK, D // 16, 16))
     else:
         x_in = tl.load(base + src[:, None, None] * stride_n + cols[None],
                        mask=valid[:, None, None], other=0.0)
@@ -262,7 +275,7 @@ def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAma
                  CHUNK: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
                  HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr, SMOOTH: tl.constexpr,
                  OUTER: tl.constexpr, GATHER_OUT: tl.constexpr, HADAMARD: tl.constexpr,
-                 LOG2_D: tl.constexpr, AMAX_ONLY: tl.constexpr):
+                 LOG2_D: tl.constexpr, AMAX_ONLY: tl.constexpr, Cos, Sin, ROPE: tl.constexpr):
     """Q or K, ROWS tokens of one (batch, head), CHUNK at a time (`_qk_chunk`); with SMOOTH
     (Q smoothing, ROWS the query tile) the block's mean first, by a pass over its chunks
     summing in FP64 (the second reads them again, from L2: a (ROWS, D) FP32 tile held whole
@@ -281,7 +294,7 @@ def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAma
             rows = block * ROWS + c * CHUNK + tl.arange(0, CHUNK)
             x = _qk_chunk(X, Perm, Mean, Gathered, rows, bh, n, stride_b, stride_h, stride_n,
                           H, multiplier, norm, CHUNK, D, HAS_PERM, HAS_MEAN, MULTIPLY, False,
-                          False, LOG2_D)
+                          False, LOG2_D, Cos, Sin, ROPE)
             sums += tl.sum(x.to(tl.float64), 0)
         count = tl.minimum(n - block * ROWS, ROWS).to(tl.float64)
         mean = (sums / count).to(tl.float32)
@@ -295,7 +308,7 @@ def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAma
         rows = block * ROWS + c * CHUNK + tl.arange(0, CHUNK)
         x = _qk_chunk(X, Perm, Mean, Gathered, rows, bh, n, stride_b, stride_h, stride_n, H,
                       multiplier, norm, CHUNK, D, HAS_PERM, HAS_MEAN, MULTIPLY,
-                      GATHER_OUT and not AMAX_ONLY, HADAMARD, LOG2_D)
+                      GATHER_OUT and not AMAX_ONLY, HADAMARD, LOG2_D, Cos, Sin, ROPE)
         if SMOOTH:
             x = tl.where((rows < n)[:, None, None], x - mean[None], 0.0)
         amax = abs_max(x, 2)
@@ -533,12 +546,16 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 
 def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_scale=None,
-            v_transposed=False) -> Nvfp4Operands:
+            v_transposed=False, rope=None) -> Nvfp4Operands:
     """HND 16-bit (or FP32) inputs -> the NVFP4 operands of `plan`, bit-equal to
     `reference.engine.prepare` on the same tensors. The plan is one
     `operands.nvfp4_unsupported_reason` accepts. With `v_transposed`, V's values are also
-    written as `v_t` (B*H, D, N_pad) by the same kernel, for a kernel that reads V^T."""
+    written as `v_t` (B*H, D, N_pad) by the same kernel, for a kernel that reads V^T. With
+    `rope` (spec.rope.Rope, FP32 tables), q and k come before RoPE, and the Q and K quantizers,
+    K's token mean and the score term's K rows take them rotated on load, bit-equal to
+    rotating first (16-bit inputs: RoPE rounds to the input's dtype)."""
     from vcbench.kernels.backends.triton.kmeans import grouping
+    from vcbench.kernels.backends.triton.quantize import token_mean_gpu
     from vcbench.kernels.reference.engine import softmax_scale_log2
     from vcbench.kernels.spec.rotation import rotate
 
@@ -549,11 +566,19 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     scale_log2 = torch.tensor(softmax_scale_log2(d, sm_scale), dtype=torch.float32).item()
     rotated = plan.hadamard_qk
     norm = hadamard_norm(d) if rotated else 1.0
+    if rope is not None and (not rope.fusable() or q.dtype not in (torch.bfloat16, torch.float16)):
+        from vcbench.errors import UserError
+
+        raise UserError("the fused RoPE takes FP32 tables and 16-bit q and k")
 
     if plan.vsmooth is not None and permutation is None:
         permutation = grouping(v, plan.vsmooth, grid=grid, init=centroids).permutation
     perm = None if permutation is None else permutation.to(dev, torch.int32).contiguous()
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
+    # RoPE's tables, or any pointer where the switch leaves them unread
+    cos, sin = (q, q) if rope is None else (rope.cos.to(dev).contiguous(),
+                                            rope.sin.to(dev).contiguous())
+    rope_switch = ROUND_NONE if rope is None else rope_round(q.dtype)
 
     def launch_qk(x, n_pad, *, multiplier=None, mean=None, gather=None, smooth=False,
                   outer=None, gathered=None, block_amax=None):
@@ -577,15 +602,16 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
             HAS_PERM=gather is not None, HAS_MEAN=mean is not None,
             MULTIPLY=multiplier is not None, SMOOTH=smooth, OUTER=outer is not None,
             GATHER_OUT=gathered is not None, HADAMARD=rotated, LOG2_D=d.bit_length() - 1,
-            AMAX_ONLY=block_amax is not None, num_warps=QK_WARPS, enable_fp_fusion=False)
+            AMAX_ONLY=block_amax is not None, Cos=cos, Sin=sin, ROPE=rope_switch,
+            num_warps=QK_WARPS, enable_fp_fusion=False)
         return values, scales, q_mean
 
     def outer_of(x, quantizer, n_pad=None, multiplier=None, **qk):
-        """The outer scale of `quantizer` on x (times `multiplier`, rotated when Q and K are:
-        `n_pad` is then the quantizer's padded length), or None."""
+        """The outer scale of `quantizer` on x (times `multiplier`, rotated, by the Hadamard or
+        RoPE, when Q and K are: `n_pad` is then the quantizer's padded length), or None."""
         if not quantizer.granularity.global_scale:
             return None
-        if rotated and n_pad is not None:
+        if (rotated or rope is not None) and n_pad is not None:
             # the amax of the rotated tensor, before any element is quantized: a first pass
             # that writes one amax per program (exact: a max does not round)
             rows = bm if qk.get("smooth") else QK_CHUNK
@@ -619,11 +645,11 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     # depend on the order, so not on the permutation), then the gather, the rotation, the
     # subtraction of the rotated mean, codes, and the gathered 16-bit rows for the bias
     k_mean = k_input = mean_in = None
-    if plan.smooth_k:
-        k_mean = token_mean_fp32(k)
+    if plan.smooth_k:  # after RoPE, as the emulation takes it
+        k_mean = token_mean_fp32(k) if rope is None else token_mean_gpu(k, rope)
         mean_in = rotate(k_mean) if rotated else k_mean
-    if plan.smooth_q:  # the bias reads K's rows contiguous and in the permuted order
-        k_input = k if perm is None and k.is_contiguous() else torch.empty(
+    if plan.smooth_q:  # the bias reads K's rows contiguous, in the permuted order, after RoPE
+        k_input = k if perm is None and k.is_contiguous() and rope is None else torch.empty(
             b, h, n, d, device=dev, dtype=k.dtype)
     k_out = outer_of(k, plan.k, nk_pad, mean=mean_in)
     kv, ks, _ = launch_qk(k, nk_pad, mean=mean_in, gather=perm, outer=k_out,
