@@ -25,7 +25,8 @@ SAGE2_OFFICIAL_MS = 128.5  # ../shared/anchors/h200-attention.md, Wan2.2 shape, 
 # The rows timed: methods, and methods with options, which measure V-Smooth's cost inside one
 # plan (the same P path and scales, the mean term off), not against sage2-8bit's different plan.
 OPTIONS = {"vc-8bit-vsmooth/no-vsmooth": ("vc-8bit-vsmooth", {"vsmooth": False}),
-           "vc-8bit/no-vsmooth": ("vc-8bit", {"vsmooth": False})}
+           "vc-8bit/no-vsmooth": ("vc-8bit", {"vsmooth": False}),
+           "vc-8bit-fp8qk/no-vsmooth": ("vc-8bit-fp8qk", {"vsmooth": False})}
 METHODS = ("sage2-8bit", "fp8-fa4", "vc-8bit-vsmooth", "vc-8bit", "vc-8bit-fp8qk", *OPTIONS)
 SAMPLE_HEADS, SAMPLE_ROWS = (0, 1), 256
 
