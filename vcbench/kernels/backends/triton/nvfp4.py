@@ -484,8 +484,9 @@ class Nvfp4Operands:
     v_mean: torch.Tensor | None = None
     # Q smoothing: the block means (as the emulation's q_mean), the vector each query block
     # dots with the smoothed keys (the means, or their Hadamard rotation: (q H) . k = q . (k H)
-    # for the symmetric H), and what the bias reads of K: the 16-bit input (contiguous HND),
-    # gathered through the permutation, minus its token mean.
+    # for the symmetric H), and what the bias reads of K: the 16-bit input (contiguous HND,
+    # after RoPE where the call fused it), gathered through the permutation, minus its token
+    # mean.
     q_mean: torch.Tensor | None = None
     bias_q: torch.Tensor | None = None
     k_mean: torch.Tensor | None = None
