@@ -239,3 +239,30 @@ def test_a_metric_whose_package_is_missing_is_one_line_before_any_clip(tmp_path)
     assert (done.returncode, done.stderr.strip()) == (2, line)
     done = subprocess.run([*check, "psnr,ssim"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_a_package_missing_anywhere_is_one_line_not_a_traceback(tmp_path):
+    """A plugin's metric that imports a package this environment lacks, without declaring it:
+    the import fails deep inside `score`, and the CLI still says so in one line, exit 2
+    (--debug shows the traceback)."""
+    from cli_runs import run_vcbench
+
+    plugin = tmp_path / "undeclared.py"
+    plugin.write_text(
+        "import vcbench\n"
+        "from vcbench.metrics import MetricEntry\n"
+        "def build(settings):\n"
+        "    import vcbench_no_such_package.sub  # noqa: F401\n"
+        "vcbench.register(MetricEntry('undeclared', build, True))\n")
+    ref = smooth_clip(0, frames=3)
+    write_frames(tmp_path / "ref", ref)
+    write_frames(tmp_path / "cand", perturb(ref, 1, 5.0))
+    args = ["--plugin", plugin, "score", tmp_path / "ref", tmp_path / "cand", "--metrics",
+            "undeclared"]
+    done = run_vcbench(*args)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: this needs the Python package 'vcbench_no_such_package', which this environment "
+        "lacks (pip install vcbench_no_such_package; --debug shows where it was imported)")
+    debug = run_vcbench("--debug", *args)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr

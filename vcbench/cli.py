@@ -615,6 +615,13 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except ModuleNotFoundError as e:  # an environment without a package some path imports
+        if debug or not e.name:
+            raise
+        package = e.name.split(".")[0]
+        print(f"error: this needs the Python package {package!r}, which this environment lacks "
+              f"(pip install {package}; --debug shows where it was imported)", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt as e:
         interrupted = True  # handlers stay: a second signal while exiting still stops at once
         if debug:
