@@ -577,6 +577,11 @@ def take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
     return specs, rest
 
 
+# import names whose pip package is named otherwise (the rest install under their own name)
+_PIP_NAMES = {"PIL": "pillow", "yaml": "pyyaml", "cv2": "opencv-python-headless",
+              "skimage": "scikit-image", "sklearn": "scikit-learn", "av": "av"}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user mistakes into one line and exit 2, and SIGINT or
     SIGTERM into one line and exit 130 or 143."""
@@ -619,8 +624,9 @@ def main(argv: list[str] | None = None) -> None:
         package = (e.name or "").split(".")[0]
         if debug or package in ("", "vcbench"):  # vcbench's own module missing is a bug: show it
             raise
+        pip_name = _PIP_NAMES.get(package, package)
         print(f"error: this needs the Python package {package!r}, which this environment lacks "
-              f"(pip install {package}; --debug shows where it was imported)", file=sys.stderr)
+              f"(pip install {pip_name}; --debug shows where it was imported)", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as e:
         interrupted = True  # handlers stay: a second signal while exiting still stops at once
