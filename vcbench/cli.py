@@ -579,7 +579,7 @@ def take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
 
 # import names whose pip package is named otherwise (the rest install under their own name)
 _PIP_NAMES = {"PIL": "pillow", "yaml": "pyyaml", "cv2": "opencv-python-headless",
-              "skimage": "scikit-image", "sklearn": "scikit-learn", "av": "av"}
+              "skimage": "scikit-image", "sklearn": "scikit-learn"}
 
 
 def main(argv: list[str] | None = None) -> None:
