@@ -7,7 +7,7 @@ and off, through a permutation; and on direct inputs wide enough for several pro
 both directions (ragged query blocks, keys past n and past a tile), every (batch, head) with
 its own K mean, against FP64 within the bound below. A NaN in one (batch, head)'s K stays
 there. Under Triton's CPU interpreter (indexing, masks, padding); on a GPU the same checks run
-on tensor cores, where the product is tf32x3.
+on tensor cores, where the product is three TF32 products of the operands' split halves.
 
 The bound: each term of the sum is the product of two FP32 numbers split into TF32 halves
 (the lo.lo product dropped, the halves rounded: within 2^-20 of the term), summed in FP32
