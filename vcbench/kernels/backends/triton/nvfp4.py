@@ -56,12 +56,12 @@ import triton
 import triton.language as tl
 
 from vcbench.kernels.backends.triton.quantize import (
-    ROUND_NONE,
     _rope,
     abs_max,
     hadamard_norm,
     hadamard_rows,
-    rope_round,
+    rope_args,
+    token_mean_gpu,
 )
 
 MAGIC_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + M) - M is y rounded half to even, |y| < 2^22
@@ -509,7 +509,7 @@ class Nvfp4Operands:
         return torch.where(full > 0, values / torch.where(full > 0, full, 1.0), 0.0)
 
 
-# The score term's tile, the fastest of 14 timed at the Wan2.2 shape on the H200 (8.8 ms; 64
+# The score term's tile, the fastest of 13 timed at the Wan2.2 shape on the H200 (8.8 ms; 64
 # query blocks on 2 stages, what shipped before, 16.7): 128 query blocks x 64 keys a dot on 8
 # warps, 8 key tiles a program, one stage (the loads of the next tile are in flight beside the
 # products anyway: two stages were slower, 9.7)
@@ -556,7 +556,6 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     K's token mean and the score term's K rows take them rotated on load, bit-equal to
     rotating first (16-bit inputs: RoPE rounds to the input's dtype)."""
     from vcbench.kernels.backends.triton.kmeans import grouping
-    from vcbench.kernels.backends.triton.quantize import token_mean_gpu
     from vcbench.kernels.reference.engine import softmax_scale_log2
     from vcbench.kernels.spec.rotation import rotate
 
@@ -567,19 +566,12 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     scale_log2 = torch.tensor(softmax_scale_log2(d, sm_scale), dtype=torch.float32).item()
     rotated = plan.hadamard_qk
     norm = hadamard_norm(d) if rotated else 1.0
-    if rope is not None and (not rope.fusable() or q.dtype not in (torch.bfloat16, torch.float16)):
-        from vcbench.errors import UserError
-
-        raise UserError("the fused RoPE takes FP32 tables and 16-bit q and k")
 
     if plan.vsmooth is not None and permutation is None:
         permutation = grouping(v, plan.vsmooth, grid=grid, init=centroids).permutation
     perm = None if permutation is None else permutation.to(dev, torch.int32).contiguous()
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
-    # RoPE's tables, or any pointer where the switch leaves them unread
-    cos, sin = (q, q) if rope is None else (rope.cos.to(dev).contiguous(),
-                                            rope.sin.to(dev).contiguous())
-    rope_switch = ROUND_NONE if rope is None else rope_round(q.dtype)
+    cos, sin, rope_switch = rope_args(rope, q)
 
     def launch_qk(x, n_pad, *, multiplier=None, mean=None, gather=None, smooth=False,
                   outer=None, gathered=None, block_amax=None):

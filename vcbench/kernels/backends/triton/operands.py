@@ -103,17 +103,12 @@ def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=N
 
     rotated = plan.hadamard_qk
     norm = tq.hadamard_norm(d) if rotated else 1.0
-    if rope is not None and not rope.fusable():
-        raise UserError("the fused RoPE takes FP32 tables")
-    tables = (None, None) if rope is None else (rope.cos.to(dev).contiguous(),
-                                                rope.sin.to(dev).contiguous())
-    rope_switch = tq.ROUND_NONE if rope is None else tq.rope_round(q.dtype)
+    cos, sin, rope_switch = tq.rope_args(rope, q)
 
     def rows(x, rows_per_scale, mean=None, multiplier=None, gather=None):
         out = torch.empty(b, h, n_pad, d, device=dev, dtype=code_dtype)
         scale = torch.empty(b, h, n_pad // rows_per_scale, device=dev, dtype=torch.float32)
         x = _last_dim_contiguous(x)
-        cos, sin = (scale, scale) if rope is None else tables
         tq._quantize_rows[(n_pad // rows_per_scale * b * h,)](
             x, gather if gather is not None else scale, mean if mean is not None else scale,
             out, scale, n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,

@@ -139,12 +139,22 @@ def _token_sums(X, Sums, n, chunks, stride_b, stride_h, stride_n, H, Cos, Sin,
     tl.store(Sums + (bh * chunks + chunk) * D + tl.arange(0, D), acc)
 
 
-def rope_round(dtype) -> int:
-    """The ROPE switch of a kernel reading `dtype` rows that it rotates: the dtype spec.rope
-    stores the rotated rows in."""
+def rope_args(rope, x):
+    """(Cos, Sin, ROPE) of a kernel that rotates x's rows by `rope` (spec.rope.Rope) on load:
+    the FP32 tables on x's device, contiguous, and the switch naming the dtype spec.rope
+    stores the rotated rows in; without `rope`, x as the pointers the switch leaves unread and
+    ROUND_NONE. A UserError where the fusion would not be bit-exact: tables other than FP32,
+    or x other than 16-bit."""
     import torch
 
-    return {torch.bfloat16: ROUND_BF16, torch.float16: ROUND_FP16}[dtype]
+    if rope is None:
+        return x, x, ROUND_NONE
+    switch = {torch.bfloat16: ROUND_BF16, torch.float16: ROUND_FP16}.get(x.dtype)
+    if not rope.fusable() or switch is None:
+        from vcbench.errors import UserError
+
+        raise UserError("the fused RoPE takes FP32 tables and 16-bit q and k")
+    return rope.cos.to(x.device).contiguous(), rope.sin.to(x.device).contiguous(), switch
 
 
 def token_mean_gpu(x, rope=None):
@@ -157,10 +167,9 @@ def token_mean_gpu(x, rope=None):
     rows, tiles = 64, 16
     chunks = triton.cdiv(n, rows * tiles)
     sums = torch.empty(b * h, chunks, d, device=x.device, dtype=torch.float64)
-    cos, sin = (sums, sums) if rope is None else (rope.cos, rope.sin)
+    cos, sin, switch = rope_args(rope, x)
     _token_sums[(chunks * b * h,)](x, sums, n, chunks, x.stride(0), x.stride(1), x.stride(2),
-                                   h, cos, sin, ROWS=rows, D=d, TILES=tiles,
-                                   ROPE=ROUND_NONE if rope is None else rope_round(x.dtype))
+                                   h, cos, sin, ROWS=rows, D=d, TILES=tiles, ROPE=switch)
     return (sums.sum(1) / n).float()
 
 
