@@ -206,6 +206,17 @@ def test_usage_mistakes_are_one_line_errors(tmp_path, capsys, args, message):
     assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
 
 
+def metric_plugin_and_clips(tmp_path, registration: str):
+    """A plugin file registering a metric (`registration`, after vcbench and MetricEntry are
+    imported), and a reference and a candidate clip under tmp_path/ref and tmp_path/cand."""
+    plugin = tmp_path / "metric_plugin.py"
+    plugin.write_text("import vcbench\nfrom vcbench.metrics import MetricEntry\n" + registration)
+    ref = smooth_clip(0, frames=3)
+    write_frames(tmp_path / "ref", ref)
+    write_frames(tmp_path / "cand", perturb(ref, 1, 5.0))
+    return plugin
+
+
 def test_a_metric_whose_package_is_missing_is_one_line_before_any_clip(tmp_path):
     """A metric's `requires` is checked when the metric is asked for, in a real subprocess with
     the metric from a real plugin file: exit 2, one line naming the package, nothing written.
@@ -216,15 +227,9 @@ def test_a_metric_whose_package_is_missing_is_one_line_before_any_clip(tmp_path)
 
     from cli_runs import ROOT, run_vcbench
 
-    plugin = tmp_path / "absent_metric.py"
-    plugin.write_text(
-        "import vcbench\n"
-        "from vcbench.metrics import MetricEntry\n"
-        "vcbench.register(MetricEntry('needs-absent', lambda s: lambda ref, cand: 0.0, True,\n"
-        "                             requires=('vcbench_no_such_package',)))\n")
-    ref = smooth_clip(0, frames=3)
-    write_frames(tmp_path / "ref", ref)
-    write_frames(tmp_path / "cand", perturb(ref, 1, 5.0))
+    plugin = metric_plugin_and_clips(
+        tmp_path, "vcbench.register(MetricEntry('needs-absent', lambda s: lambda ref, cand: 0.0,\n"
+                  "    True, requires=('vcbench_no_such_package',)))\n")
     line = ("error: metric needs-absent needs the Python package 'vcbench_no_such_package', "
             "which this environment lacks (pip install vcbench_no_such_package)")
     done = run_vcbench("--plugin", plugin, "score", tmp_path / "ref", tmp_path / "cand",
@@ -247,16 +252,10 @@ def test_a_package_missing_anywhere_is_one_line_not_a_traceback(tmp_path):
     (--debug shows the traceback)."""
     from cli_runs import run_vcbench
 
-    plugin = tmp_path / "undeclared.py"
-    plugin.write_text(
-        "import vcbench\n"
-        "from vcbench.metrics import MetricEntry\n"
-        "def build(settings):\n"
-        "    import vcbench_no_such_package.sub  # noqa: F401\n"
-        "vcbench.register(MetricEntry('undeclared', build, True))\n")
-    ref = smooth_clip(0, frames=3)
-    write_frames(tmp_path / "ref", ref)
-    write_frames(tmp_path / "cand", perturb(ref, 1, 5.0))
+    plugin = metric_plugin_and_clips(
+        tmp_path, "def build(settings):\n"
+                  "    import vcbench_no_such_package.sub  # noqa: F401\n"
+                  "vcbench.register(MetricEntry('undeclared', build, True))\n")
     args = ["--plugin", plugin, "score", tmp_path / "ref", tmp_path / "cand", "--metrics",
             "undeclared"]
     done = run_vcbench(*args)
