@@ -10,17 +10,8 @@ from __future__ import annotations
 import argparse
 
 from vcbench.kernels import chosen
-from vcbench.kernels.spec.rope import apply_rope
 from vcbench.timing.cupti import time_kernels
-from vcbench.timing.timeit import make_inputs
-
-
-def preprocessing(impl, x):
-    """What timeit times as the preprocessing: RoPE fused where the backend fuses it, else
-    eager before it. Without a permutation, a V-Smooth plan's prepare groups too."""
-    if impl.fuses_rope:
-        return lambda: impl.prepare(x.q, x.k, x.v, rope=x.rope)
-    return lambda: impl.prepare(apply_rope(x.q, x.rope), apply_rope(x.k, x.rope), x.v)
+from vcbench.timing.timeit import make_inputs, preprocessing
 
 
 def main() -> None:

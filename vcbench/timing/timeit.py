@@ -148,13 +148,7 @@ def time_plan(name: str, options: dict, x: Inputs, warmup_s: float,
             row["grouping_cold_ms"] = cold.per_call_ms()
             row["grouping_ms"] = warm.per_call_ms()
             perm = first.permutation
-        if fused:
-            prep = lambda: impl.prepare(x.q, x.k, x.v, permutation=perm, rope=rope)  # noqa: E731
-        elif rope is not None:
-            prep = lambda: impl.prepare(apply_rope(x.q, rope), apply_rope(x.k, rope), x.v,  # noqa: E731
-                                        permutation=perm)
-        else:
-            prep = lambda: impl.prepare(x.q, x.k, x.v, permutation=perm)  # noqa: E731
+        prep = preprocessing(impl, x, perm)
         pre = time_kernels(prep, min(warmup_s, 2.0), min(window_s, 2.0), min_calls=3)
         row["preprocess_ms"] = pre.per_call_ms()
         ops = prep()
@@ -167,6 +161,19 @@ def time_plan(name: str, options: dict, x: Inputs, warmup_s: float,
     # the attention window's clock and power: under the card's power limit, time follows them
     row["sm_mhz"], row["power_w"] = attn.sm_mhz, attn.power_w
     return row, launch
+
+
+def preprocessing(impl, x: Inputs, permutation=None) -> Callable[[], object]:
+    """The preprocessing of `impl` (a `chosen` implementation with a prepare) on x as timeit
+    prices it: Wan's RoPE inside the quantizers where the backend fuses it, applied eagerly
+    first where not. Without a permutation, a V-Smooth plan's prepare groups too."""
+    rope = x.rope
+    if rope is not None and impl.fuses_rope:
+        return lambda: impl.prepare(x.q, x.k, x.v, permutation=permutation, rope=rope)
+    if rope is not None:
+        return lambda: impl.prepare(apply_rope(x.q, rope), apply_rope(x.k, rope), x.v,
+                                    permutation=permutation)
+    return lambda: impl.prepare(x.q, x.k, x.v, permutation=permutation)
 
 
 def check_request(methods: list[str], shape: str | None, tensors: str | None) -> None:
