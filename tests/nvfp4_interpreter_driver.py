@@ -41,7 +41,7 @@ def inputs(b, h, n, d, layout, kind, seed):
             x[..., :16] *= 4e-3  # 16 quiet channels: microscales in E4M3's subnormals
             x[:, :, 32:48] *= 1e-2  # a quiet block of 16 tokens: the same along the tokens
             x[:, :, 49:64:3] *= 1e-6  # microscales that round to zero over nonzero values
-    dtype = torch.float16 if kind.endswith("fp16") else torch.bfloat16
+    dtype = {"fp16": torch.float16, "fp32": torch.float32}.get(kind.split()[-1], torch.bfloat16)
     q, k, v = (x.to(dtype) for x in (q, k, v))
     if layout == "nhd":  # same values, (B, N, H, D) memory: strides the kernels must follow
         q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))

@@ -150,10 +150,9 @@ STEP = dict(ROWS=nvfp4.QK_CHUNK, CHUNK=nvfp4.QK_CHUNK)
                          CHUNK=nvfp4.V_CHUNK)),
     ("_quantize_v", dict(HAS_PERM=False, DEMEAN=False, OUTER=True, TRANSPOSED=False,
                          ROWS=nvfp4.V_CHUNK, CHUNK=nvfp4.V_CHUNK)),
-    ("_token_sums", dict(ROWS=128)),
 ], ids=["q-smooth", "k-smooth", "qk-outer", "q-rotated", "k-rotated", "amax-rotated",
         "q-rotated-rope", "k-rotated-rope", "k-rope", "amax-rope", "v-vsmooth-transposed",
-        "v-outer", "token-sums"])
+        "v-outer"])
 def test_preprocessing_kernels_compile_without_spills(kernel, constexprs, tmp_path):
     warps = {"_quantize_qk": nvfp4.QK_WARPS, "_quantize_v": nvfp4.V_WARPS}
     compiled = compile_for_sm90(getattr(nvfp4, kernel), {**constexprs, "D": 128},
@@ -205,5 +204,21 @@ def test_the_8bit_quantizers_compile_without_spills(variant, tmp_path):
         pointers={"Out": "i8" if fmt == 0 else "fp8e4nv", "Scale": "fp32", "Mean": "fp32",
                   "Cos": "fp32", "Sin": "fp32"},
         num_warps=quantize_warps(rows, 128, rotated or rope))
+    used = resources(compiled, tmp_path)
+    assert (used["STACK"], used["LOCAL"], used["LDL/STL"]) == (0, 0, 0), used
+
+
+@pytest.mark.parametrize("x_type, rope", [("bf16", True), ("fp32", False)],
+                         ids=["bf16-rope", "fp32"])
+def test_the_token_sums_compile_without_spills(x_type, rope, tmp_path):
+    """K's token sums, the 8-bit and the NVFP4 paths' one kernel (`quantize.token_mean_gpu`),
+    as they launch it: 16-bit K with the fused RoPE, and FP32 K (which the NVFP4 path takes)."""
+    from vcbench.kernels.backends.triton import quantize
+
+    compiled = compile_for_sm90(
+        quantize._token_sums,
+        {"ROWS": 64, "D": 128, "TILES": 16,
+         "ROPE": quantize.ROUND_BF16 if rope else quantize.ROUND_NONE},
+        pointers={"X": x_type}, num_warps=4)
     used = resources(compiled, tmp_path)
     assert (used["STACK"], used["LOCAL"], used["LDL/STL"]) == (0, 0, 0), used

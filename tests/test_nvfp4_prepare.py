@@ -141,6 +141,23 @@ else:
         plain = nvfp4.prepare(q, k, v, plan, permutation=perm)
         assert differing(ops.codes("k"), plain.codes("k")) > 0
 
+    @pytest.mark.parametrize("case", [
+        ("vc-4bit", {}, 1, 2, 150, 64, "hnd", "extreme fp32", True),
+        ("sage3-4bit", {"hadamard_qk": True}, 2, 1, 130, 128, "nhd", "fp32", False),
+    ], ids=case_id)
+    def test_fp32_inputs_are_the_emulations_bit_for_bit(case):
+        """FP32 q, k, v (no 16-bit rounding anywhere before the quantizers): K's token mean
+        is then an FP64 sum of FP32 values, the path's one token-sum kernel with the 8-bit
+        methods' (`quantize.token_mean_gpu`), and the bias reads FP32 K rows."""
+        method, opts, b, h, n, d, layout, kind, permuted = case
+        q, k, v = inputs(b, h, n, d, layout, kind, seed=7000 + n)
+        plan = plan_of(method, opts)
+        perm = permutation(b, h, n, 7000) if permuted else None
+        diff, ops, _ = all_differences(q, k, v, plan, perm)
+        wrong = {what: count for what, count in diff.items() if count != 0}
+        assert not wrong, f"differing elements (-1: missing): {wrong}"
+        assert {"K mean", "K input"} <= set(diff) and ops.k_input.dtype == torch.float32
+
     @pytest.mark.parametrize("method,opts,operand,bad", [
         ("vc-4bit", {}, "k", float("nan")),
         ("sage3-4bit", {"hadamard_qk": True}, "q", float("inf")),

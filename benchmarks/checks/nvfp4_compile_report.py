@@ -82,8 +82,7 @@ def main() -> int:
                 CHUNK=v_chunk)),
             ("quantize V outer", "_quantize_v", dict(
                 HAS_PERM=False, DEMEAN=False, OUTER=True, TRANSPOSED=False, ROWS=v_chunk,
-                CHUNK=v_chunk)),
-            ("K token sums", "_token_sums", dict(ROWS=128))]:
+                CHUNK=v_chunk))]:
         warps = {"_quantize_qk": nvfp4.QK_WARPS, "_quantize_v": nvfp4.V_WARPS}
         compiled = compile_for_sm90(getattr(nvfp4, kernel), {**constexprs, "D": 128},
                                     num_warps=warps.get(kernel, nvfp4.NUM_WARPS),

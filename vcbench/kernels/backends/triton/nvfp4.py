@@ -196,20 +196,6 @@ def nvfp4_values(x, amax, Outer, bh, OUTER: tl.constexpr):
 
 
 @triton.jit
-def _token_sums(X, Sums, n, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
-                D: tl.constexpr):
-    """K's token sum per (batch, head) in FP64, ROWS tokens a program, added atomically:
-    exact for 16-bit inputs (as `vsmooth.token_mean` says), so the order does not matter."""
-    block = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    rows = block * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, D)
-    x = tl.load(X + (bh // H) * stride_b + (bh % H) * stride_h + rows.to(tl.int64)[:, None]
-                * stride_n + cols[None, :], mask=(rows < n)[:, None], other=0.0)
-    tl.atomic_add(Sums + bh * D + cols, tl.sum(x.to(tl.float64), 0), sem="relaxed")
-
-
-@triton.jit
 def _flag_nan(Bad, bh, scale):
     """Bad[bh] |= 1 where a microscale of this step is NaN (a group with a non-finite value;
     a microscale is never infinite: it saturates at 448): what `granularity.nonfinite_poison`
@@ -619,13 +605,6 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
             amax = amax * torch.tensor(multiplier, dtype=torch.float32, device=dev)
         return _outer(amax.reshape(b, h))
 
-    def token_mean_fp32(x):  # vsmooth.token_mean of x in FP32: FP64 sums, one read
-        sums = torch.zeros(b * h, d, device=dev, dtype=torch.float64)
-        _token_sums[(triton.cdiv(n, 128), b * h)](
-            x, sums, n, x.stride(0), x.stride(1), x.stride(2), h, ROWS=128, D=d,
-            num_warps=NUM_WARPS)
-        return (sums / n).float()
-
     # 1 for a (batch, head) left with a NaN microscale, set by the quantizers (`_flag_nan`)
     bad = torch.zeros(b * h, device=dev, dtype=torch.int32)
 
@@ -634,12 +613,12 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     qv, qs, q_mean = launch_qk(q, nq_pad, multiplier=scale_log2, smooth=plan.smooth_q,
                                outer=q_out)
 
-    # K: its token mean (unrotated, from the input: the FP64 sum of 16-bit values does not
-    # depend on the order, so not on the permutation), then the gather, the rotation, the
+    # K: its token mean (unrotated, from the input: the FP64 sum does not depend on the
+    # order, so not on the permutation: `token_mean_gpu`), then the gather, the rotation, the
     # subtraction of the rotated mean, codes, and the gathered 16-bit rows for the bias
     k_mean = k_input = mean_in = None
     if plan.smooth_k:  # after RoPE, as the emulation takes it
-        k_mean = token_mean_fp32(k) if rope is None else token_mean_gpu(k, rope)
+        k_mean = token_mean_gpu(k, rope)
         mean_in = rotate(k_mean) if rotated else k_mean
     if plan.smooth_q:  # the bias reads K's rows contiguous, in the permuted order, after RoPE
         k_input = k if perm is None and k.is_contiguous() and rope is None else torch.empty(

@@ -158,9 +158,12 @@ def rope_args(rope, x):
 
 
 def token_mean_gpu(x, rope=None):
-    """`vsmooth.token_mean` of a 16-bit (B, H, N, D) CUDA tensor, bit for bit: the FP64 sum
-    of 16-bit values is exact, so chunking it cannot change it; with `rope` (spec.rope.Rope),
-    the mean of x after RoPE, rotated on load. Returns FP32 (B*H, D)."""
+    """`vsmooth.token_mean` of a 16-bit or FP32 (B, H, N, D) CUDA tensor, bit for bit: the
+    FP64 sum of 16-bit values is exact, so chunking it cannot change it, and so is that of
+    FP32 values while a channel's magnitudes span fewer than 29 - log2(N) binades (53 bits
+    against 24); past that, the chunks still add in one fixed order, so a call repeats its
+    bits. With `rope` (spec.rope.Rope; 16-bit x only), the mean of x after RoPE, rotated on
+    load. Returns FP32 (B*H, D)."""
     import torch
 
     b, h, n, d = x.shape
