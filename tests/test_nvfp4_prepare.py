@@ -5,7 +5,8 @@ from the amax pass), V-Smooth's FP16 block means, Q smoothing's block means, and
 reads (the rotated block means, K's token mean, the gathered 16-bit K rows). Inputs: N not a
 multiple of the tiles, a given permutation, channel and token outliers ("extreme": zero
 blocks, saturating and subnormal microscales), NHD strides; a NaN or an infinity in one
-(batch, head) with the rotation on. And `v_transposed`: v_t is v transposed, NaN heads too.
+(batch, head) with the rotation on. And `v_layout`: v_t is v transposed, NaN heads too, and
+"transposed" writes v_t alone.
 
 On a GPU, the compiled kernels against the emulation on CUDA tensors (the comparison of
 benchmarks/checks/nvfp4_prep_time.py). The attention kernel is not run here (tests/test_nvfp4_interpreter.py does): these cases stay
@@ -86,7 +87,7 @@ else:
         of what the bias reads, against their definitions in `Nvfp4Operands`. With `rope`, q
         and k come before RoPE: the emulation applies it first, the quantizers on load."""
         emu = prepare(q, k, v, plan, permutation=perm, rope=rope)
-        ops = nvfp4.prepare(q, k, v, plan, permutation=perm, v_transposed=True, rope=rope)
+        ops = nvfp4.prepare(q, k, v, plan, permutation=perm, v_layout="both", rope=rope)
         diff = operand_differences(ops, emu)
         b, h, n, d = q.shape
         if plan.smooth_q:
@@ -157,6 +158,29 @@ else:
         wrong = {what: count for what, count in diff.items() if count != 0}
         assert not wrong, f"differing elements (-1: missing): {wrong}"
         assert {"K mean", "K input"} <= set(diff) and ops.k_input.dtype == torch.float32
+
+    @pytest.mark.parametrize("method,opts", [("vc-4bit", {}), ("sage3-4bit", {"hadamard_qk": True})])
+    def test_the_transposed_layout_writes_v_t_alone_with_the_same_bits(method, opts):
+        """`v_layout="transposed"` (what the compiled kernel reads): no row-major V values,
+        v_t and every other field as `"both"` writes them, V's codes recovered from v_t; a
+        NaN head stays NaN there."""
+        b, h, n, d = 1, 2, 150, 64
+        q, k, v = inputs(b, h, n, d, "hnd", "extreme bf16", seed=8000)
+        v[0, 1, 77, 3] = float("nan")
+        plan = plan_of(method, opts)
+        perm = permutation(b, h, n, 8000) if plan.vsmooth is not None else None
+        both = nvfp4.prepare(q, k, v, plan, permutation=perm, v_layout="both")
+        alone = nvfp4.prepare(q, k, v, plan, permutation=perm, v_layout="transposed")
+        assert alone.v is None and both.v is not None
+        for field in ("v_t", "v_scale", "q", "k", "q_scale", "k_scale", "v_mean", "v_outer"):
+            mine, theirs = getattr(alone, field), getattr(both, field)
+            assert (mine is None) == (theirs is None), field
+            if mine is not None:
+                assert differing(mine, theirs) == 0, field
+        assert differing(alone.codes("v"), both.codes("v")) == 0
+        assert alone.v_t[1].isnan().all() and not alone.v_t[0].isnan().any()
+        with pytest.raises(ValueError, match="v_layout"):
+            nvfp4.prepare(q, k, v, plan, permutation=perm, v_layout="columns")
 
     @pytest.mark.parametrize("method,opts,operand,bad", [
         ("vc-4bit", {}, "k", float("nan")),

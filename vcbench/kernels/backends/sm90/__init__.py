@@ -46,11 +46,11 @@ def supports_nvfp4(plan, shape=None) -> str | None:
 
 
 def prepare_nvfp4(q, k, v, plan, **call):
-    """nvfp4.prepare's operands, with what the compiled kernel reads besides: V transposed,
-    V-Smooth's mean steps, Q smoothing's score term."""
+    """nvfp4.prepare's operands, with what the compiled kernel reads besides: V transposed
+    (and only that layout of V's values), V-Smooth's mean steps, Q smoothing's score term."""
     from vcbench.kernels.backends.triton import nvfp4
 
-    ops = nvfp4.prepare(q, k, v, plan, v_transposed=True, **call)
+    ops = nvfp4.prepare(q, k, v, plan, v_layout="transposed", **call)
     ops.mean_steps = compiled.mean_steps(ops.v_mean) if ops.v_mean is not None else None
     ops.score_bias = nvfp4.score_term(ops, ops.k.shape[1]) if plan.smooth_q else None
     return ops

@@ -8,13 +8,14 @@ scale per (batch, head)), written in the layout `nvfp4_attention.py` reads:
                  significant bits in [2^-10, 2688]: exact in FP16), padding rows zero
     Q, K scales  fp16 (B*H, N_pad, D / 16), the E4M3 microscale's value (E4M3 is a subset
                  of FP16, subnormals included, so the value is exact)
-    V values     fp16 (B*H, N_pad, D), as Q and K; V scales fp16 (B*H, N_pad / 16, D): along
-                 the tokens, the contraction axis of P V
+    V values     fp16 (B*H, N_pad, D), as Q and K (unless `v_layout="transposed"`); V scales
+                 fp16 (B*H, N_pad / 16, D): along the tokens, the contraction axis of P V
     V means      fp16 (B*H, N_pad / block_n, D): V-Smooth's stored block means (unscaled)
     Q means      fp32 (B*H, N_pad / block_m, D): Q smoothing's block means, for the bias
     outer scales fp32 (B*H,): the two-level scale of an operand that has one
-    V^T values   fp16 (B*H, D, N_pad), with `v_transposed`: V's values, for a kernel that
-                 reads V^T (written by the V quantizer beside V's, no pass of its own)
+    V^T values   fp16 (B*H, D, N_pad), with `v_layout` "transposed" or "both": V's values,
+                 for a kernel that reads V^T (written by the V quantizer instead of V's or
+                 beside them, no pass of its own)
 
 The codes themselves are the values over their microscales, exactly (`Nvfp4Operands.codes`).
 Dequantized here, once a call, rather than in the attention kernel: there every K and V tile
@@ -335,7 +336,7 @@ def _v_chunk(X, Perm, tile_row, bh, n, stride_b, stride_h, stride_n, H, CHUNK: t
 def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, ValuesT, Bad, n, n_pad, stride_b,
                 stride_h, stride_n, H, ROWS: tl.constexpr, CHUNK: tl.constexpr, D: tl.constexpr,
                 HAS_PERM: tl.constexpr, DEMEAN: tl.constexpr, OUTER: tl.constexpr,
-                TRANSPOSED: tl.constexpr):
+                ROW_MAJOR: tl.constexpr, TRANSPOSED: tl.constexpr):
     """V, ROWS tokens of one (batch, head), CHUNK at a time (`_v_chunk`): with DEMEAN (ROWS the
     KV tile) V-Smooth's block mean first, by a pass over the chunks summing in FP64 (exact for
     16-bit inputs, so in any order), stored FP16, the residual taken against the stored value
@@ -343,9 +344,10 @@ def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, ValuesT, Bad, n, n_
     Loaded as (16, CHUNK / 16, D): the compiler lays a thread's registers along the first
     axis, so each group's tokens sit in one thread (or two warps) and its microscale is
     computed once per column held, not once per element as a (CHUNK / 16, 16, D) tile would
-    have it. With TRANSPOSED the same values are also written to ValuesT (D, N_pad) per
-    (batch, head), for a kernel that reads V^T: there a thread's 16 registers along the first
-    axis are 16 consecutive tokens. NaN microscales flagged in Bad, as the Q/K quantizer's."""
+    have it. The values go to Values (N_pad, D) with ROW_MAJOR and to ValuesT (D, N_pad) per
+    (batch, head) with TRANSPOSED, for a kernel that reads V^T: there a thread's 16 registers
+    along the first axis are 16 consecutive tokens. NaN microscales flagged in Bad, as the
+    Q/K quantizer's."""
     tile = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     cols = tl.arange(0, D)
@@ -368,7 +370,8 @@ def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, ValuesT, Bad, n, n_
         scale, values = nvfp4_values(x, abs_max(x, 0)[None, :, :], Outer, bh, OUTER)
         r64 = rows.to(tl.int64)
         values = values.to(tl.float16)
-        tl.store(Values + bh * n_pad * D + r64[:, :, None] * D + cols[None, None, :], values)
+        if ROW_MAJOR:
+            tl.store(Values + bh * n_pad * D + r64[:, :, None] * D + cols[None, None, :], values)
         if TRANSPOSED:
             tl.store(ValuesT + bh * D * n_pad + cols.to(tl.int64)[None, None, :] * n_pad
                      + r64[:, :, None], values)
@@ -479,8 +482,13 @@ class Nvfp4Operands:
     k_input: torch.Tensor | None = None
     permutation: torch.Tensor | None = None
     # V's values transposed, (B*H, D, N_pad) FP16 contiguous, for a kernel that reads V^T
-    # (`prepare(..., v_transposed=True)`); v_t[i] == v[i].T, NaN heads included
+    # (`prepare(..., v_layout="transposed" or "both")`); v_t[i] == v[i].T, NaN heads included.
+    # With "transposed", v is None: the kernel that reads v_t reads nothing else of V's values.
     v_t: torch.Tensor | None = None
+
+    def v_rows(self) -> torch.Tensor:
+        """V's values (B*H, N_pad, D), whichever layout `prepare` wrote."""
+        return self.v if self.v is not None else self.v_t.transpose(1, 2)
 
     def codes(self, name: str, heads: slice = slice(None)) -> torch.Tensor:
         """The E2M1 codes (values, as the emulation's `Quantized.codes`) of operand "q", "k" or
@@ -489,7 +497,7 @@ class Nvfp4Operands:
         is too); zero where the scale is zero or NaN. A non-finite group's codes are zero in
         the emulation too; a poisoned (batch, head)'s V codes are not recoverable from its NaN
         values (the emulation keeps them, under its NaN scales)."""
-        values = getattr(self, name)[heads].float()
+        values = (self.v_rows() if name == "v" else getattr(self, name))[heads].float()
         scale = getattr(self, f"{name}_scale")[heads].float()
         full = scale.repeat_interleave(16, dim=-2 if name == "v" else -1)
         return torch.where(full > 0, values / torch.where(full > 0, full, 1.0), 0.0)
@@ -533,11 +541,12 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 
 def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_scale=None,
-            v_transposed=False, rope=None) -> Nvfp4Operands:
+            v_layout="rows", rope=None) -> Nvfp4Operands:
     """HND 16-bit (or FP32) inputs -> the NVFP4 operands of `plan`, bit-equal to
     `reference.engine.prepare` on the same tensors. The plan is one
-    `operands.nvfp4_unsupported_reason` accepts. With `v_transposed`, V's values are also
-    written as `v_t` (B*H, D, N_pad) by the same kernel, for a kernel that reads V^T. With
+    `operands.nvfp4_unsupported_reason` accepts. `v_layout`: V's values as `v` (B*H, N_pad,
+    D), "rows", what the Triton attention kernel reads; as `v_t` (B*H, D, N_pad) only,
+    "transposed", for a kernel that reads V^T (half the V quantizer's writes); or "both". With
     `rope` (spec.rope.Rope, FP32 tables), q and k come before RoPE, and the Q and K quantizers,
     K's token mean and the score term's K rows take them rotated on load, bit-equal to
     rotating first (16-bit inputs: RoPE rounds to the input's dtype)."""
@@ -545,6 +554,8 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     from vcbench.kernels.reference.engine import softmax_scale_log2
     from vcbench.kernels.spec.rotation import rotate
 
+    if v_layout not in ("rows", "transposed", "both"):
+        raise ValueError(f"v_layout is 'rows', 'transposed' or 'both', got {v_layout!r}")
     b, h, n, d = q.shape
     bm, bn = plan.block_m, plan.block_n
     nq_pad, nk_pad = triton.cdiv(n, bm) * bm, triton.cdiv(n, bn) * bn
@@ -630,18 +641,23 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
         k_mean = torch.zeros(b * h, d, device=dev)
 
     v_out = outer_of(v, plan.v)
-    vv = torch.empty(b * h, nk_pad, d, device=dev, dtype=torch.float16)
+    vv = v_t = None
+    if v_layout in ("rows", "both"):
+        vv = torch.empty(b * h, nk_pad, d, device=dev, dtype=torch.float16)
+    if v_layout in ("transposed", "both"):
+        v_t = torch.empty(b * h, d, nk_pad, device=dev, dtype=torch.float16)
     vs = torch.empty(b * h, nk_pad // 16, d, device=dev, dtype=torch.float16)
-    v_t = torch.empty(b * h, d, nk_pad, device=dev, dtype=torch.float16) if v_transposed else None
     demean = plan.vsmooth is not None
     v_mean = torch.empty(b * h, nk_pad // bn, d, device=dev, dtype=torch.float16) if demean else None
     v_rows = bn if demean else V_CHUNK  # a program's tokens: the KV tile for its block mean
     _quantize_v[(nk_pad // v_rows, b * h)](
-        v, perm if perm is not None else vs, v_out if v_out is not None else vs, vv, vs,
+        v, perm if perm is not None else vs, v_out if v_out is not None else vs,
+        vv if vv is not None else vs, vs,
         v_mean if v_mean is not None else vs, v_t if v_t is not None else vs, bad, n, nk_pad,
         v.stride(0), v.stride(1), v.stride(2), h, ROWS=v_rows, CHUNK=V_CHUNK, D=d,
         HAS_PERM=perm is not None, DEMEAN=demean, OUTER=v_out is not None,
-        TRANSPOSED=v_t is not None, num_warps=V_WARPS, enable_fp_fusion=False)
+        ROW_MAJOR=vv is not None, TRANSPOSED=v_t is not None, num_warps=V_WARPS,
+        enable_fp_fusion=False)
 
     # as engine.prepare: a (batch, head) with a NaN scale has NaN V scales (the microscales
     # of the PV product's operand, and the epilogue's outer scale where there is one), and so
@@ -653,8 +669,9 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
         if outer is not None:
             bad |= ~torch.isfinite(outer)
     poison = torch.where(bad, float("nan"), torch.zeros(b * h, device=dev))
-    for x in (vv, vs) if v_t is None else (vv, vs, v_t):
-        _fill_nan[(b * h,)](x, poison, x[0].numel(), BLOCK=1024)
+    for x in (vv, vs, v_t):
+        if x is not None:
+            _fill_nan[(b * h,)](x, poison, x[0].numel(), BLOCK=1024)
     if v_out is not None:
         v_out = v_out + poison
 
