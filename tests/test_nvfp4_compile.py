@@ -120,40 +120,42 @@ SMOOTH_TILE = dict(ROWS=128, CHUNK=nvfp4.QK_CHUNK)  # Q smoothing: the query til
 STEP = dict(ROWS=nvfp4.QK_CHUNK, CHUNK=nvfp4.QK_CHUNK)
 
 
-@pytest.mark.parametrize("kernel,constexprs", [
-    ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=True,
-                          OUTER=False, GATHER_OUT=False, **QK_PLAIN, **SMOOTH_TILE)),
-    ("_quantize_qk", dict(HAS_PERM=True, HAS_MEAN=True, MULTIPLY=False, SMOOTH=False,
-                          OUTER=False, GATHER_OUT=True, **QK_PLAIN, **STEP)),
-    ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=False,
-                          OUTER=True, GATHER_OUT=False, **QK_PLAIN, **STEP)),
-    ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=True,
-                          OUTER=False, GATHER_OUT=False, **QK_ROTATED, **SMOOTH_TILE)),
-    ("_quantize_qk", dict(HAS_PERM=True, HAS_MEAN=True, MULTIPLY=False, SMOOTH=False,
-                          OUTER=False, GATHER_OUT=True, **QK_ROTATED, **STEP)),
-    ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=False,
-                          OUTER=False, GATHER_OUT=False, **{**QK_ROTATED, "AMAX_ONLY": True},
-                          **STEP)),
-    ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=True,
-                          OUTER=False, GATHER_OUT=False, **{**QK_ROTATED, "ROPE": ROPE_BF16},
-                          **SMOOTH_TILE)),
-    ("_quantize_qk", dict(HAS_PERM=True, HAS_MEAN=True, MULTIPLY=False, SMOOTH=False,
-                          OUTER=False, GATHER_OUT=True, **{**QK_ROTATED, "ROPE": ROPE_BF16},
-                          **STEP)),
-    ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=True, MULTIPLY=False, SMOOTH=False,
-                          OUTER=False, GATHER_OUT=True, **{**QK_PLAIN, "ROPE": ROPE_BF16},
-                          **STEP)),
-    ("_quantize_qk", dict(HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=False,
-                          OUTER=False, GATHER_OUT=False,
-                          **{**QK_PLAIN, "AMAX_ONLY": True, "ROPE": ROPE_BF16}, **STEP)),
-    ("_quantize_v", dict(HAS_PERM=True, DEMEAN=True, OUTER=False, ROW_MAJOR=False,
-                         TRANSPOSED=True, ROWS=128, CHUNK=nvfp4.V_CHUNK)),
-    ("_quantize_v", dict(HAS_PERM=False, DEMEAN=False, OUTER=True, ROW_MAJOR=True,
-                         TRANSPOSED=False, ROWS=nvfp4.V_CHUNK, CHUNK=nvfp4.V_CHUNK)),
-], ids=["q-smooth", "k-smooth", "qk-outer", "q-rotated", "k-rotated", "amax-rotated",
-        "q-rotated-rope", "k-rotated-rope", "k-rope", "amax-rope", "v-vsmooth-transposed",
-        "v-outer"])
-def test_preprocessing_kernels_compile_without_spills(kernel, constexprs, tmp_path):
+def _qk(perm, mean, multiply, smooth, outer, gathered, switches, tile):
+    return ("_quantize_qk", dict(HAS_PERM=perm, HAS_MEAN=mean, MULTIPLY=multiply, SMOOTH=smooth,
+                                 OUTER=outer, GATHER_OUT=gathered, **switches, **tile))
+
+
+def _v(perm, demean, outer, row_major, transposed, rows):
+    return ("_quantize_v", dict(HAS_PERM=perm, DEMEAN=demean, OUTER=outer, ROW_MAJOR=row_major,
+                                TRANSPOSED=transposed, ROWS=rows, CHUNK=nvfp4.V_CHUNK))
+
+
+ROTATED_ROPE = {**QK_ROTATED, "ROPE": ROPE_BF16}
+# Every preprocessing kernel configuration `nvfp4.prepare` launches for the 4-bit methods, by
+# name: (kernel, constexprs); benchmarks/checks/nvfp4_compile_report.py reports this table.
+# _qk: (perm, mean, multiply, smooth, outer, gathered rows out, switches, rows a program)
+PREPROCESSING = {
+    "q-smooth": _qk(False, False, True, True, False, False, QK_PLAIN, SMOOTH_TILE),
+    "k-smooth": _qk(True, True, False, False, False, True, QK_PLAIN, STEP),
+    "qk-outer": _qk(False, False, True, False, True, False, QK_PLAIN, STEP),
+    "q-rotated": _qk(False, False, True, True, False, False, QK_ROTATED, SMOOTH_TILE),
+    "k-rotated": _qk(True, True, False, False, False, True, QK_ROTATED, STEP),
+    "amax-rotated": _qk(False, False, True, False, False, False,
+                        {**QK_ROTATED, "AMAX_ONLY": True}, STEP),
+    "q-rotated-rope": _qk(False, False, True, True, False, False, ROTATED_ROPE, SMOOTH_TILE),
+    "k-rotated-rope": _qk(True, True, False, False, False, True, ROTATED_ROPE, STEP),
+    "k-rope": _qk(False, True, False, False, False, True, {**QK_PLAIN, "ROPE": ROPE_BF16}, STEP),
+    "amax-rope": _qk(False, False, True, False, False, False,
+                     {**QK_PLAIN, "AMAX_ONLY": True, "ROPE": ROPE_BF16}, STEP),
+    # V^T alone, as the compiled kernel takes it; V's rows, as the Triton kernel takes them
+    "v-vsmooth-transposed": _v(True, True, False, False, True, 128),
+    "v-outer": _v(False, False, True, True, False, nvfp4.V_CHUNK),
+}
+
+
+@pytest.mark.parametrize("name", PREPROCESSING)
+def test_preprocessing_kernels_compile_without_spills(name, tmp_path):
+    kernel, constexprs = PREPROCESSING[name]
     warps = {"_quantize_qk": nvfp4.QK_WARPS, "_quantize_v": nvfp4.V_WARPS}
     compiled = compile_for_sm90(getattr(nvfp4, kernel), {**constexprs, "D": 128},
                                 num_warps=warps.get(kernel, nvfp4.NUM_WARPS),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from test_nvfp4_compile import VARIANTS, compile_for_sm90, cuobjdump, resources  # noqa: E402
+from test_nvfp4_compile import PREPROCESSING, VARIANTS, compile_for_sm90, cuobjdump, resources  # noqa: E402
 
 from vcbench.kernels import get_method  # noqa: E402
 from vcbench.kernels.backends.triton import nvfp4, nvfp4_attention  # noqa: E402
@@ -58,31 +58,7 @@ def main() -> int:
         top = " ".join(f"{k} {v}" for k, v in loop.most_common(8))
         print(f"{'attention ' + name:24s} {used['REG']:4d} {used['STACK']:5d} {used['LOCAL']:5d} "
               f"{used['LDL/STL']:7d} {sum(loop.values()):10d}  {top}", flush=True)
-    chunk, v_chunk = nvfp4.QK_CHUNK, nvfp4.V_CHUNK
-    plain = dict(HADAMARD=False, LOG2_D=0, AMAX_ONLY=False)
-    rotated = dict(HADAMARD=True, LOG2_D=7, AMAX_ONLY=False)
-    for label, kernel, constexprs in [
-            ("quantize Q smoothed", "_quantize_qk", dict(
-                HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=True, OUTER=False,
-                GATHER_OUT=False, ROWS=128, CHUNK=chunk, **plain)),
-            ("quantize K smoothed", "_quantize_qk", dict(
-                HAS_PERM=True, HAS_MEAN=True, MULTIPLY=False, SMOOTH=False, OUTER=False,
-                GATHER_OUT=True, ROWS=chunk, CHUNK=chunk, **plain)),
-            ("quantize Q/K outer", "_quantize_qk", dict(
-                HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=False, OUTER=True,
-                GATHER_OUT=False, ROWS=chunk, CHUNK=chunk, **plain)),
-            ("quantize Q rotated", "_quantize_qk", dict(
-                HAS_PERM=False, HAS_MEAN=False, MULTIPLY=True, SMOOTH=True, OUTER=False,
-                GATHER_OUT=False, ROWS=128, CHUNK=chunk, **rotated)),
-            ("quantize K rotated", "_quantize_qk", dict(
-                HAS_PERM=True, HAS_MEAN=True, MULTIPLY=False, SMOOTH=False, OUTER=False,
-                GATHER_OUT=True, ROWS=chunk, CHUNK=chunk, **rotated)),
-            ("quantize V V-Smooth", "_quantize_v", dict(
-                HAS_PERM=True, DEMEAN=True, OUTER=False, TRANSPOSED=False, ROWS=128,
-                CHUNK=v_chunk)),
-            ("quantize V outer", "_quantize_v", dict(
-                HAS_PERM=False, DEMEAN=False, OUTER=True, TRANSPOSED=False, ROWS=v_chunk,
-                CHUNK=v_chunk))]:
+    for label, (kernel, constexprs) in PREPROCESSING.items():
         warps = {"_quantize_qk": nvfp4.QK_WARPS, "_quantize_v": nvfp4.V_WARPS}
         compiled = compile_for_sm90(getattr(nvfp4, kernel), {**constexprs, "D": 128},
                                     num_warps=warps.get(kernel, nvfp4.NUM_WARPS),
