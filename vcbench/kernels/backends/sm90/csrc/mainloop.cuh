@@ -85,8 +85,16 @@ __device__ __forceinline__ void produce(const CUtensorMap& tm_q, const CUtensorM
   mbar_expect_tx(bars.q(), T::Q_BYTES);
   tma_load_2d(s_q, &tm_q, bars.q(), 0, bh * prm.n_pad + m_block * T::BM);
   [[maybe_unused]] float v_prev = 1.f;  // V_PER_TILE: the previous tile's V scale
+  const float* k_scales = prm.k_scale + static_cast<size_t>(bh) * n_tiles;
+  [[maybe_unused]] const float* v_scales = prm.v_scale + static_cast<size_t>(bh) * n_tiles;
   for (int j = 0; j < n_tiles; ++j) {
     const int st = j % STAGES;
+    // The tile's scales are loaded before the wait for its stage, so their global loads'
+    // latency passes while the consumers still hold the stage, not between its release and
+    // the copies into it (the scales are read-only inputs: nothing orders them after the wait).
+    const float k_s = k_scales[j];
+    [[maybe_unused]] float v = 1.f;
+    if constexpr (T::V_PER_TILE) v = v_scales[j];
     mbar_wait(bars.empty(st), ((j / STAGES) & 1) ^ 1);
     uint32_t bytes = T::K_BYTES + D * BN;
     int mean_tiles = 0;
@@ -95,13 +103,11 @@ __device__ __forceinline__ void produce(const CUtensorMap& tm_q, const CUtensorM
       bytes += MEAN_BATCH * D * 2;
     }
     // the tile's K scale beside it (released by the arrive below)
-    reinterpret_cast<float*>(smem + T::KS_OFF)[st] =
-        prm.k_scale[static_cast<size_t>(bh) * n_tiles + j];
+    reinterpret_cast<float*>(smem + T::KS_OFF)[st] = k_s;
     if constexpr (T::V_PER_TILE) {
       // merge_tile_scaled's (v_(j-1) / v_j, 1 / v_j). An all-zero V tile has scale 0 and codes
       // 0: any positive scale gives it the same (zero) product, 1 keeps the ratios finite. A
       // NaN scale (a non-finite input in this batch and head) stays NaN, and so does O.
-      float v = prm.v_scale[static_cast<size_t>(bh) * n_tiles + j];
       v = v == 0.f ? 1.f : v;
       const float inv = 1.f / v;
       reinterpret_cast<float2*>(smem + T::VS_OFF)[st] = make_float2(v_prev * inv, inv);
