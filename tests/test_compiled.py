@@ -406,6 +406,11 @@ def test_the_nvfp4_instances_say_why_they_cannot_take_a_plan_or_shape():
     attnqat = get_method("attnqat-tf").plan()
     assert backends.SM90_NVFP4.supports(attnqat, (1, 40, 200000, 128)) is None
     assert backends.SM90_NVFP4.supports(get_method("vc-8bit").plan()) is not None
+    # Q smoothing's term starts the QK accumulator in unscaled units: no outer Q/K scales with it
+    sage3 = get_method("sage3-4bit").plan()
+    outer = {name: dataclasses.replace(getattr(sage3, name), granularity=dataclasses.replace(
+        getattr(sage3, name).granularity, global_scale=True)) for name in ("q", "k")}
+    assert "per-tensor" in backends.SM90_NVFP4.supports(dataclasses.replace(sage3, **outer))
     order = list(backends.BACKENDS.values())
     assert order.index(backends.SM90_NVFP4) < order.index(backends.NVFP4)
 

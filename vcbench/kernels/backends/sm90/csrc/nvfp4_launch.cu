@@ -73,6 +73,8 @@ const char* forward_nvfp4(const Nvfp4Args& a) {
   if (bh < 1 || bh > 65535) return fail("batch x heads out of range%s: %lld", "", bh);
   if ((a.q_outer == nullptr) != (a.k_outer == nullptr))
     return fail("Q and K take outer scales together%s");
+  if (a.bias != nullptr && a.q_outer != nullptr)  // the bias starts the QK accumulator, unscaled
+    return fail("Q smoothing's score term with outer scales of Q and K%s");
 
   // Rows of 256 bytes (128 fp16 channels), boxes of 128 bytes x 128 rows: a half of a tile.
   CUtensorMap maps[3];

@@ -62,18 +62,37 @@ __device__ __forceinline__ void produce(const CUtensorMap& tm_q, const CUtensorM
   }
 }
 
-// S = Q K_j^T for a warpgroup's 64 rows: 8 k-steps of 16 channels.
+// S = Q K_j^T for a warpgroup's 64 rows: 8 k-steps of 16 channels. With Q smoothing's score
+// term the product accumulates onto s, which holds the tile's bias row (load_bias).
 template <class T>
 __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t s_q, uint32_t s_k) {
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
     const uint64_t dq = desc_sw128(s_q + (kk / 4) * T::HALF) + 2 * (kk % 4);
     const uint64_t dk = desc_sw128(s_k + (kk / 4) * T::HALF) + 2 * (kk % 4);
-    if (kk == 0)
+    if (kk == 0 && !T::BIAS)
       wgmma_f16_ss_n128_first(s, dq, dk);
     else
       wgmma_f16_ss_n128(s, dq, dk);
   }
+}
+
+// Q smoothing's score term for tile j's keys into the QK accumulator before QK_j: every row of
+// the CTA's query block takes the same bias row (columns 8cc + 2q + {0, 1} of S at bias[4cc]).
+// The tensor core then adds Q K_j^T to it, so the scores come out final, with no add of their
+// own (64 FFMA a tile and thread fewer: the softmax issues every instruction it saves). The
+// term comes only without outer scales of Q and K (c = 1, the units the term is in): the NVFP4
+// preprocessing takes no plan with both, and the launcher refuses them too.
+// Each row's pair is loaded on its own (volatile: not merged into one load), which costs one
+// load a pair where a copy into the second row would cost two moves.
+__device__ __forceinline__ void load_bias(float (&s)[64], uint32_t bias) {
+#pragma unroll
+  for (int cc = 0; cc < 16; ++cc)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      asm volatile("ld.volatile.shared.v2.f32 {%0, %1}, [%2];\n"
+                   : "=f"(s[4 * cc + 2 * h]), "=f"(s[4 * cc + 2 * h + 1])
+                   : "r"(bias + 32 * cc));
 }
 
 // acc += P V_j: 8 k-steps of 16 keys, P from registers; with V-Smooth one more, the tile's row
@@ -117,6 +136,10 @@ __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
   static_assert(T::STAGES == 2, "stage j & 1, parity (j >> 1) & 1");
   auto wait_and_issue_qk = [&](int j) {
     mbar_wait(kb.full(j & 1), (j >> 1) & 1);
+    if constexpr (T::BIAS) {
+      load_bias(s, stage_base(j) + T::BIAS_OFF + 8 * q);
+      reg_fence(s);  // defined before the fence, as the PV operands are (C7513)
+    }
     wgmma_fence();
     issue_qk<T>(s, s_q, stage_base(j) + T::K_OFF);
     wgmma_commit();
@@ -141,9 +164,9 @@ __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
       reg_fence(s);
       // the masked softmax only for the last tile (a branch without a wgmma in it)
       if (j + 1 < last)
-        softmax_tile<T, false>(s, row, beta, a_next, c, bias_row(j + 1), BN, q);
+        softmax_tile<T, false>(s, row, beta, a_next, c, BN, q);
       else
-        softmax_tile<T, true>(s, row, beta, a_next, c, bias_row(j + 1), prm.n - last * BN, q);
+        softmax_tile<T, true>(s, row, beta, a_next, c, prm.n - last * BN, q);
       mbar_arrive(kb.empty((j + 1) & 1));  // K_{j+1} and its bias row read
     }
     wgmma_wait<0>();
@@ -161,9 +184,9 @@ __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
   wgmma_wait<0>();
   reg_fence(s);
   if (last == 0)
-    softmax_tile<T, true>(s, row, beta, a_mean, c, bias_row(0), prm.n, q);
+    softmax_tile<T, true>(s, row, beta, a_mean, c, prm.n, q);
   else
-    softmax_tile<T, false>(s, row, beta, a_mean, c, bias_row(0), BN, q);
+    softmax_tile<T, false>(s, row, beta, a_mean, c, BN, q);
   mbar_arrive(kb.empty(0));
   pack_p(p, s);
   if (last == 0) {

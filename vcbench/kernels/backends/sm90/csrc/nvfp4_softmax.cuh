@@ -102,33 +102,28 @@ struct RowState {
 // One S tile (FP32 dot products of the dequantized codes: s[4c + 2h + b] = row r + 8h, column
 // 8c + 2q + b) into P's dequantized NVFP4 values, in place (each an exact FP16 value, times
 // PSCALE); pack_p then builds the PV A fragment from them. c: q_outer * k_outer (1 without outer
-// scales); bias: Q smoothing's row at this thread's first column (columns 8c + 2q + b at
-// bias[4c]), or unused. On return beta is acc's rescale for this tile (before its PV), the row
-// state is updated (l with this tile's row sums), and with V-Smooth a_mean is the tile's mean
-// step A fragment.
+// scales), which the scores are still to be multiplied by; with Q smoothing they carry its
+// score term already (load_bias started their accumulator with it). On return beta is acc's
+// rescale for this tile (before its PV), the row state is updated (l with this tile's row
+// sums), and with V-Smooth a_mean is the tile's mean step A fragment.
 template <class T, bool MASK>
 __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, float (&beta)[2],
-                                             uint32_t (&a_mean)[4], float c, const float2* bias,
-                                             int n_valid, int q) {
+                                             uint32_t (&a_mean)[4], float c, int n_valid, int q) {
   float t[2] = {-INFINITY, -INFINITY};
   const int lim = n_valid - 2 * q;  // key 8cc + 2q + b is past the last iff 8cc + b >= lim
 #pragma unroll
   for (int cc = 0; cc < 16; ++cc) {
-    [[maybe_unused]] float2 bz;
-    if constexpr (T::BIAS) bz = bias[4 * cc];  // columns 8cc + 2q + {0, 1}
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
         float v = s[4 * cc + 2 * h + b];
-        if constexpr (T::BIAS) v = fmaf(v, c, b ? bz.y : bz.x);  // the score, log2 units
         if (MASK && 8 * cc + b >= lim) v = -INFINITY;
         s[4 * cc + 2 * h + b] = v;
         t[h] = fmaxf(t[h], v);
       }
   }
-  // with the bias the scores are final; else still to be multiplied by c (c > 0)
-  const float cs = T::BIAS ? 1.f : c;
+  const float cs = c;  // the scores still to be multiplied by c (c > 0)
   float bias_x[2], alpha[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
