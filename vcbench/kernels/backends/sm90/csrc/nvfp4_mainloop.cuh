@@ -129,10 +129,6 @@ __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
   RowState row;
   const int last = prm.n_tiles - 1;
   auto stage_base = [&](int j) { return base + T::STAGE_OFF + (j & 1) * T::STAGE_BYTES; };
-  auto bias_row = [&](int j) {
-    return reinterpret_cast<const float2*>(
-               __cvta_shared_to_generic(stage_base(j) + T::BIAS_OFF)) + q;
-  };
   static_assert(T::STAGES == 2, "stage j & 1, parity (j >> 1) & 1");
   auto wait_and_issue_qk = [&](int j) {
     mbar_wait(kb.full(j & 1), (j >> 1) & 1);
