@@ -53,6 +53,12 @@ def test_a_registry_registers_looks_up_and_refuses_clashes_in_one_line():
     assert r.get("c") is c
     with pytest.raises(UserError, match=r"^unknown widget 'd' \(known: a, b, c\)$"):
         r.get("d")
+    r.register(Entry("vc-8bit"))
+    with pytest.raises(UserError, match=r"^unknown widget 'vc-8bt' \(did you mean 'vc-8bit'\? "
+                                        r"known: a, b, c, vc-8bit\)$"):
+        r.get("vc-8bt")
+    with pytest.raises(UserError, match=r"^unknown widget 3 \(known: "):
+        r.get(3)
     for bad in ("", " a", "a,b"):
         with pytest.raises(UserError, match="non-empty name"):
             r.register(Entry(bad))
