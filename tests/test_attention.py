@@ -134,6 +134,8 @@ def test_clear_errors(gen):
         vcbench.attention(q, q, q, "nope")
     with pytest.raises(UserError, match="has no option 'expcast_beta'"):
         vcbench.attention(q, q, q, "sage2-8bit", expcast_beta=0.1)
+    with pytest.raises(UserError, match=r"has no option 'hadamrd_qk' \(did you mean 'hadamard_qk'\?"):
+        vcbench.attention(q, q, q, "vc-8bit", hadamrd_qk=False)
     with pytest.raises(UserError, match="accum"):
         vcbench.attention(q, q, q, "sage2-8bit", accum="fp16")
     with pytest.raises(UserError, match="one shape"):
