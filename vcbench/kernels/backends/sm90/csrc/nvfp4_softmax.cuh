@@ -123,13 +123,12 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, float
         t[h] = fmaxf(t[h], v);
       }
   }
-  const float cs = c;  // the scores still to be multiplied by c (c > 0)
   float bias_x[2], alpha[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     t[h] = fmaxf(t[h], __shfl_xor_sync(0xffffffffu, t[h], 1));
     t[h] = fmaxf(t[h], __shfl_xor_sync(0xffffffffu, t[h], 2));
-    t[h] *= cs;
+    t[h] *= c;  // the scores are still to be multiplied by c (c > 0)
     const float m_new = fmaxf(st.m[h], t[h]);
     alpha[h] = ex2(st.m[h] - m_new);  // 0 at the first tile (m = -inf, m_new finite)
     if constexpr (T::TWO_LEVEL) {
@@ -148,7 +147,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, float
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int h = (i >> 1) & 1;
-    s[i] = ex2(fmaf(s[i], cs, bias_x[h]));
+    s[i] = ex2(fmaf(s[i], c, bias_x[h]));
     sum[h] += s[i];
   }
 #pragma unroll
