@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from test_score_term import check_direct  # noqa: E402
 
 from vcbench.kernels.backends.triton import nvfp4  # noqa: E402
-from vcbench.kernels.backends.triton.nvfp4 import _tf32_halves  # noqa: E402
+from vcbench.kernels.backends.triton.nvfp4 import _tf32_halves, centered_keys, score_program  # noqa: E402
 
 
 @triton.jit
@@ -37,23 +37,15 @@ def keys_major(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_chunks, m_tiles,
                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TILES: tl.constexpr):
     """nvfp4._score_term's term, as (BN keys x D) . (D x BM query blocks): the centered keys'
     TF32 halves as A, the means' halves (loaded and split once a program) as B."""
-    pid = tl.program_id(0).to(tl.int64)
-    chunk = pid % key_chunks
-    bh = pid // key_chunks // m_tiles
-    blocks = (pid // key_chunks % m_tiles) * BM + tl.arange(0, BM)
+    chunk, bh, blocks, in_m = score_program(key_chunks, m_tiles, q_blocks, BM)
     cols = tl.arange(0, D)
-    in_m = blocks < q_blocks
     means_t = tl.load(BiasQ + (bh * q_blocks + blocks)[None, :] * D + cols[:, None],
                       mask=in_m[None, :], other=0.0)
     m_big, m_small = _tf32_halves(means_t)
     k_mean = tl.load(KMean + bh * D + cols)
     for t in range(TILES):
         keys = (chunk * TILES + t) * BN + tl.arange(0, BN)
-        real = keys < n
-        k = tl.load(KIn + (bh * n + keys)[:, None] * D + cols[None, :], mask=real[:, None],
-                    other=0.0)
-        centered = tl.where(real[:, None], k.to(tl.float32) - k_mean[None, :], 0.0)
-        k_big, k_small = _tf32_halves(centered)
+        k_big, k_small = _tf32_halves(centered_keys(KIn, k_mean, bh, n, keys, D))
         term = tl.dot(k_small, m_big, input_precision="tf32")
         term = tl.dot(k_big, m_small, term, input_precision="tf32")
         term = tl.dot(k_big, m_big, term, input_precision="tf32")

@@ -405,6 +405,26 @@ def _tf32_halves(x):
 
 
 @triton.jit
+def score_program(key_chunks, m_tiles, q_blocks, BM: tl.constexpr):
+    """A score-term program's (key chunk, (batch, head), its BM query blocks, which of them
+    are real), keys fastest: a head's query-block means stay in L2."""
+    pid = tl.program_id(0).to(tl.int64)
+    blocks = (pid // key_chunks % m_tiles) * BM + tl.arange(0, BM)
+    return pid % key_chunks, pid // key_chunks // m_tiles, blocks, blocks < q_blocks
+
+
+@triton.jit
+def centered_keys(KIn, k_mean, bh, n, keys, D: tl.constexpr):
+    """Rows `keys` of one (batch, head)'s K_in (contiguous HND) minus K's token mean, in FP32
+    (the emulation's subtraction), (len(keys), D); keys past n zero."""
+    cols = tl.arange(0, D)
+    real = keys < n
+    k = tl.load(KIn + (bh * n + keys)[:, None] * D + cols[None, :], mask=real[:, None],
+                other=0.0)
+    return tl.where(real[:, None], k.to(tl.float32) - k_mean[None, :], 0.0)
+
+
+@triton.jit
 def _score_term(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_chunks, m_tiles,
                 D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TILES: tl.constexpr):
     """Q smoothing's score term for BM query blocks and TILES x BN keys of one (batch, head):
@@ -415,23 +435,15 @@ def _score_term(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_chunks, m_tiles
     The query-block means are loaded and split once a program and the key tiles streamed past
     them (Triton's tf32x3 dot splits both operands again at every tile: 9.1 against 8.8 ms at
     the Wan2.2 shape on the H200, the same tiles)."""
-    pid = tl.program_id(0).to(tl.int64)  # keys fastest: a head's query-block means stay in L2
-    chunk = pid % key_chunks
-    bh = pid // key_chunks // m_tiles
-    blocks = (pid // key_chunks % m_tiles) * BM + tl.arange(0, BM)
+    chunk, bh, blocks, in_m = score_program(key_chunks, m_tiles, q_blocks, BM)
     cols = tl.arange(0, D)
-    in_m = blocks < q_blocks
     means = tl.load(BiasQ + (bh * q_blocks + blocks)[:, None] * D + cols[None, :],
                     mask=in_m[:, None], other=0.0)
     m_big, m_small = _tf32_halves(means)
     k_mean = tl.load(KMean + bh * D + cols)
     for t in range(TILES):
         keys = (chunk * TILES + t) * BN + tl.arange(0, BN)
-        real = keys < n
-        k = tl.load(KIn + (bh * n + keys)[:, None] * D + cols[None, :], mask=real[:, None],
-                    other=0.0)
-        centered = tl.where(real[:, None], k.to(tl.float32) - k_mean[None, :], 0.0)
-        k_big, k_small = _tf32_halves(tl.trans(centered))
+        k_big, k_small = _tf32_halves(tl.trans(centered_keys(KIn, k_mean, bh, n, keys, D)))
         term = tl.dot(m_small, k_big, input_precision="tf32")
         term = tl.dot(m_big, k_small, term, input_precision="tf32")
         term = tl.dot(m_big, k_big, term, input_precision="tf32")
