@@ -75,7 +75,7 @@ def wan22_operands():
     bias_q = torch.randn(bh, q_blocks, d, device="cuda", generator=g) + 4
     k = (torch.randn(bh, n, d, device="cuda", generator=g) + 8).bfloat16()
     k_mean = k.double().mean(1).float()
-    return types.SimpleNamespace(bias_q=bias_q, k_input=k, k_mean=k_mean, n=n), -(-n // 128) * 128
+    return types.SimpleNamespace(bias_q=bias_q, k_input=k, k_mean=k_mean, n=n), q_blocks * 128
 
 
 def main() -> int:
