@@ -20,10 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from difflib import get_close_matches
 from typing import Generic, TypeVar
 
-from vcbench.errors import UserError
+from vcbench.errors import UserError, did_you_mean
 
 T = TypeVar("T")
 
@@ -109,11 +108,8 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except (KeyError, TypeError):
-            near = get_close_matches(name, list(self._entries), n=1, cutoff=0.75) if isinstance(
-                name, str) else []
-            hint = f"did you mean {near[0]!r}? " if near else ""
-            raise UserError(f"unknown {self.kind} {name!r} ({hint}known: "
-                            f"{', '.join(self._entries)})") from None
+            raise UserError(f"unknown {self.kind} {name!r} ({did_you_mean(name, self._entries)}"
+                            f"known: {', '.join(self._entries)})") from None
 
     __getitem__ = get
 

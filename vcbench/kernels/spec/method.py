@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from difflib import get_close_matches
 from typing import Any, Literal
 
-from vcbench.errors import UserError
+from vcbench.errors import UserError, did_you_mean
 from vcbench.kernels.spec.granularity import Quantizer
 from vcbench.kernels.spec.probability import PEncoder
 from vcbench.kernels.spec.vsmooth import VSmoothConfig
@@ -92,10 +91,9 @@ class Method:
         declared = self.all_options()
         unknown = sorted(set(given) - set(declared))
         if unknown:
-            near = get_close_matches(str(unknown[0]), sorted(declared), n=1, cutoff=0.75)
-            hint = f"did you mean {near[0]!r}? " if near else ""
             raise UserError(f"method {self.name!r} has no option {unknown[0]!r} "
-                            f"({hint}options: {', '.join(sorted(declared))})")
+                            f"({did_you_mean(unknown[0], sorted(declared))}options: "
+                            f"{', '.join(sorted(declared))})")
         return {name: opt.check(self.name, name, given.get(name, opt.default))
                 for name, opt in declared.items()}
 
