@@ -1,6 +1,8 @@
-"""Device script: launch the compiled kernel a few times for one plan, for Nsight Compute to
-profile one of the launches (benchmarks/sm90/ncu_profile.sh skips the first). Random normal bf16
-inputs of a timeit preset.
+"""Device script: launch one plan's attention kernel a few times, for Nsight Compute to profile
+one of the launches (benchmarks/sm90/ncu_profile.sh skips the first). Random normal bf16 inputs
+of a timeit preset, prepared and launched by what `vcbench.kernels.chosen` picks (the backend
+`attention` would run: the 8-bit or the NVFP4 instances of the compiled kernel), as timeit
+launches it.
 
 Usage: PYTHONPATH=. python3 benchmarks/sm90/ncu_kernel.py --method vc-8bit[/no-vsmooth]
        [--shape longcat-480p] [--launches 2]
@@ -11,10 +13,8 @@ import argparse
 import torch
 from compiled_timeit import OPTIONS  # a sibling script: "METHOD/no-vsmooth" rows
 
-from vcbench.kernels import get_method, group
-from vcbench.kernels.backends.sm90 import compiled
-from vcbench.kernels.backends.triton.operands import prepare_gpu
-from vcbench.timing.timeit import PRESETS, make_inputs
+from vcbench.kernels import chosen, group
+from vcbench.timing.timeit import PRESETS, make_inputs, preprocessing
 
 
 def main():
@@ -26,15 +26,18 @@ def main():
     if "/" in args.method and args.method not in OPTIONS:
         raise SystemExit(f"error: unknown row {args.method} (known: {', '.join(OPTIONS)})")
     name, options = OPTIONS.get(args.method, (args.method, {}))  # the rows compiled_timeit times
-    plan = get_method(name).plan(options)
     x = make_inputs(args.shape, None)
-    perm = group(x.v, plan.vsmooth).permutation if plan.vsmooth is not None else None
-    ops = prepare_gpu(x.q, x.k, x.v, plan, permutation=perm)
+    impl = chosen(name, options, tuple(x.q.shape))
+    if impl.kernel is None:
+        raise SystemExit(f"error: {args.method} runs on {impl.implementation}, no prepared kernel")
+    vsmooth = impl.plan.vsmooth
+    perm = group(x.v, vsmooth).permutation if vsmooth is not None else None
+    ops = preprocessing(impl, x, perm)()
     out = torch.empty_like(x.q)
     for _ in range(args.launches):
-        compiled.run(ops, plan, out)
+        impl.kernel(ops, out)
     torch.cuda.synchronize()
-    print(f"{args.method} {args.shape}: {args.launches} launches, "
+    print(f"{args.method} {args.shape} on {impl.implementation}: {args.launches} launches, "
           f"finite={bool(torch.isfinite(out).all())}")
 
 

@@ -6,7 +6,8 @@
 # time per replay pass). Exports the raw metrics and the SASS source page as CSV, prints
 # benchmarks/sm90/ncu_summary.py's digest, and packs the CSVs into $OUT/ncu-csv.tar.xz.
 # Usage (repo root, PYTHONPATH=.; builds the kernel if needed): bash benchmarks/sm90/ncu_profile.sh [SHAPE]
-# NCU_METHODS="vc-8bit vc-8bit/no-vsmooth" profiles only those plans (default: the four below).
+# NCU_METHODS="vc-8bit vc-8bit/no-vsmooth" profiles only those plans (default: the four below;
+# an NVFP4 method profiles its NVFP4 instance).
 set -u
 OUT=${OUT:-/tmp/out}
 SHAPE=${1:-longcat-480p}
@@ -23,7 +24,7 @@ echo "ncu: $NCU ($($NCU --version | tail -n 1))"
 for m in ${NCU_METHODS:-vc-8bit vc-8bit/no-vsmooth vc-8bit-vsmooth vc-8bit-vsmooth/no-vsmooth}; do
   tag=${m//\//-}
   t0=$(date +%s)
-  timeout -s KILL 150 "$NCU" --clock-control none -k regex:vc_attention_kernel --launch-skip 1 \
+  timeout -s KILL 150 "$NCU" --clock-control none -k regex:attention_kernel --launch-skip 1 \
     --launch-count 1 --set full --import-source no -f -o "/tmp/ncu/$tag" \
     python3 benchmarks/sm90/ncu_kernel.py --method "$m" --shape "$SHAPE" > "/tmp/ncu/$tag.log" 2>&1
   echo "$m: ncu rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E "launches|Error|error" /tmp/ncu/$tag.log | head -n 3)"
