@@ -118,10 +118,11 @@ def test_public_api_with_vcbench_kernel_sm90(built, monkeypatch):
 
 
 def test_describe_reports_no_local_memory(built):
-    """Every compiled instance is free of local memory."""
+    """Every compiled instance, the 8-bit and the NVFP4 ones, is free of local memory."""
     text = built.describe()
     lines = text.splitlines()
-    assert len(lines) == len(compiled.INSTANCES), text
+    assert len(lines) == len(compiled.INSTANCES) + len(compiled.NVFP4_INSTANCES), text
+    assert sum(line.startswith("nvfp4 ") for line in lines) == len(compiled.NVFP4_INSTANCES), text
     assert all(" 0 B local" in line for line in lines), text
 
 
