@@ -61,6 +61,7 @@ from vcbench.kernels.backends.triton.quantize import (
     abs_max,
     hadamard_norm,
     hadamard_rows,
+    program_heads_first,
     rope_args,
     token_mean_gpu,
 )
@@ -271,8 +272,7 @@ def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAma
     non-finite one) to BlockAmax: the first pass of a rotated operand's outer scale, which
     needs the amax of the rotated tensor before any element is quantized. A program that
     leaves a NaN microscale sets its (batch, head)'s flag in Bad (`_flag_nan`)."""
-    block = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
+    block, bh = program_heads_first(n_pad // ROWS)
     groups = tl.arange(0, D // 16)
     cols = groups[:, None] * 16 + tl.arange(0, 16)[None, :]  # (D / 16, 16)
     if SMOOTH:  # the block's mean from the unrotated rows, then rotated once (the emulation's)
@@ -596,7 +596,7 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
 
         def ptr(t):
             return spare if t is None else t
-        _quantize_qk[(n_pad // rows, b * h)](
+        _quantize_qk[(n_pad // rows * b * h,)](
             x, ptr(gather), ptr(mean), ptr(outer), ptr(values), ptr(scales), ptr(q_mean),
             ptr(gathered), ptr(block_amax), bad, n, n_pad, x.stride(0), x.stride(1), x.stride(2), h,
             float(multiplier) if multiplier is not None else 1.0, norm, ROWS=rows,

@@ -70,6 +70,18 @@ def program(blocks):
 
 
 @triton.jit
+def program_heads_first(blocks):
+    """(block, bh) of this program in a 1-D grid of block * (B*H) + bh, both 64-bit: the grid of
+    a kernel that may rotate by RoPE on load. The (batch, head)s of one token block run side by
+    side, so each row of RoPE's (N, D) FP32 tables, the same for every head, comes from memory
+    once and from L2 for the other heads; a head at a time (`program`) reads the two tables
+    whole again for every head, 4x the bytes of a 16-bit operand itself."""
+    pid = tl.program_id(0).to(tl.int64)
+    bh_count = tl.num_programs(0) // blocks
+    return pid // bh_count, pid % bh_count
+
+
+@triton.jit
 def _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H, ROWS: tl.constexpr,
                D: tl.constexpr, HAS_PERM: tl.constexpr, Cos=None, Sin=None,
                ROPE: tl.constexpr = 0):
@@ -130,7 +142,7 @@ def _round_bf16(y):
 def _token_sums(X, Sums, n, chunks, stride_b, stride_h, stride_n, H, Cos, Sin,
                 ROWS: tl.constexpr, D: tl.constexpr, TILES: tl.constexpr,
                 ROPE: tl.constexpr = 0):
-    chunk, bh = program(chunks)
+    chunk, bh = program_heads_first(chunks)
     acc = tl.zeros([D], tl.float64)
     for t in range(TILES):
         x, rows, cols, valid = _load_rows(X, X, chunk * TILES + t, bh, n, stride_b, stride_h,
@@ -214,7 +226,7 @@ def _quantize_rows(X, Perm, Mean, Out, Scale, n, n_pad, stride_b, stride_h, stri
                    HAS_PERM: tl.constexpr, HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr,
                    HADAMARD: tl.constexpr = False, LOG2_D: tl.constexpr = 0, Cos=None, Sin=None,
                    ROPE: tl.constexpr = 0):
-    group, bh = program(n_pad // ROWS)
+    group, bh = program_heads_first(n_pad // ROWS)
     # RoPE (on the source token), then the scale fold, the Hadamard, the mean: the
     # emulation's order, each step rounded where it rounds
     x, rows, cols, valid = _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H,
