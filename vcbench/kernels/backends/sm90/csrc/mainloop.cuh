@@ -208,9 +208,11 @@ __device__ __forceinline__ void consume(const Params& prm, uint8_t* smem, uint32
     const uint32_t l_slot = base + T::PARK_OFF + (threadIdx.x - 128) * 8;
     if constexpr (COLD) park(l_slot, l);
     const int st = stage;
-    // FP8 scores: the parity from j (uniform registers), because with the counted phase
-    // ptxas kept it in a vector register in the ExpCast + V-Smooth instance and spilled it
-    mbar_wait(bars.full(st), T::QK_FP8 ? (j / STAGES) & 1 : phase);
+    // FP8 scores with V-Smooth: the parity from j (uniform registers), because with the
+    // counted phase ptxas kept it in a vector register in the ExpCast + V-Smooth instance and
+    // spilled it. Without V-Smooth j is a vector register, and j / 3 a wide multiply and
+    // three shifts in front of every tile's wait.
+    mbar_wait(bars.full(st), T::QK_FP8 && VSMOOTH ? (j / STAGES) & 1 : phase);
     const uint64_t dk_j = dk;
     const uint64_t dv_j = dk + (T::K_BYTES >> 4);
     stage = stage == STAGES - 1 ? 0 : stage + 1;
