@@ -515,11 +515,12 @@ class Nvfp4Operands:
         return torch.where(full > 0, values / torch.where(full > 0, full, 1.0), 0.0)
 
 
-# The score term's tile, the fastest of 13 timed at the Wan2.2 shape on the H200 (8.8 ms; 64
-# query blocks on 2 stages, what shipped before, 16.7): 128 query blocks x 64 keys a dot on 8
-# warps, 8 key tiles a program, one stage (the loads of the next tile are in flight beside the
-# products anyway: two stages were slower, 9.7)
-SCORE_BLOCK_M, SCORE_BLOCK_N, SCORE_WARPS, SCORE_TILES, SCORE_STAGES = 128, 64, 8, 8, 1
+# The score term's tile, the fastest of those timed at the Wan2.2 shape (docs/perf/log.md):
+# 128 query blocks x 64 keys a dot on 8 warps, 16 key tiles a program (8.5 ms on the H100,
+# 8 tiles 9.0), one stage (the loads of the next tile are in flight beside the products
+# anyway: two stages were slower). The keys on the product's M side, the means as its
+# shared-memory B operand, spilled less and ran 24-30% slower.
+SCORE_BLOCK_M, SCORE_BLOCK_N, SCORE_WARPS, SCORE_TILES, SCORE_STAGES = 128, 64, 8, 16, 1
 
 
 def score_term(ops: Nvfp4Operands, nk_pad: int) -> torch.Tensor:
