@@ -110,19 +110,6 @@ __device__ __forceinline__ void issue_pv(float (&acc)[64], const uint32_t (&p)[3
   if constexpr (T::VSMOOTH) wgmma_f16_rs_n128(acc, a_mean, desc_means(s_mean));
 }
 
-// The two consumer warpgroups take turns at the tensor core: warpgroup cw issues its wgmmas
-// only once the other has issued its own (named barrier 1 + cw, the other's 128 threads
-// arriving, this one's 128 waiting), so one warpgroup's softmax runs beside the other's QK
-// and PV. Left to themselves the two fall into step (the stage ring couples them): both
-// softmaxes at once, the tensor core idle meanwhile (Nsight Compute: ~4300 cycles a tile,
-// where the wgmmas need ~2050 and the softmax ~2400 issue slots a scheduler).
-__device__ __forceinline__ void turn_wait(int cw) {
-  asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory");
-}
-__device__ __forceinline__ void turn_pass(int cw) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
-}
-
 template <class T>
 __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
                                         StageBarriers<T::STAGES> kb, StageBarriers<T::STAGES> vb,
@@ -143,24 +130,20 @@ __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
   const int last = prm.n_tiles - 1;
   auto stage_base = [&](int j) { return base + T::STAGE_OFF + (j & 1) * T::STAGE_BYTES; };
   static_assert(T::STAGES == 2, "stage j & 1, parity (j >> 1) & 1");
-  // K_j (and its bias row, into s) in shared memory: QK_j can be issued
-  auto wait_qk = [&](int j) {
+  auto wait_and_issue_qk = [&](int j) {
     mbar_wait(kb.full(j & 1), (j >> 1) & 1);
     if constexpr (T::BIAS) {
       load_bias(s, stage_base(j) + T::BIAS_OFF + 8 * q);
       reg_fence(s);  // defined before the fence, as the PV operands are (C7513)
     }
-  };
-  auto issue_qk_j = [&](int j) {
     wgmma_fence();
     issue_qk<T>(s, s_q, stage_base(j) + T::K_OFF);
     wgmma_commit();
   };
-  // tile j's PV, and with NEXT tile j + 1's QK and softmax beside it: everything the two
-  // products wait for first, then the turn, the two issued, the turn passed on
+  // tile j's PV, and with NEXT tile j + 1's QK and softmax beside it
   auto tile = [&](int j, auto next) {
     constexpr bool NEXT = decltype(next)::value;
-    if constexpr (NEXT) wait_qk(j + 1);
+    if constexpr (NEXT) wait_and_issue_qk(j + 1);
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] *= beta[(i >> 1) & 1];
     mbar_wait(vb.full(j & 1), (j >> 1) & 1);
@@ -169,14 +152,9 @@ __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
     reg_fence(acc);
     reg_fence(p);
     if constexpr (T::VSMOOTH) reg_fence(a_mean);
-    turn_wait(cw);
-    if constexpr (NEXT) issue_qk_j(j + 1);
     wgmma_fence();
     issue_pv<T>(acc, p, stage_base(j) + T::V_OFF, a_mean, stage_base(j) + T::MEAN_OFF);
     wgmma_commit();
-    // every turn taken is passed on, but warpgroup 1's last: warpgroup 0 takes no more, and
-    // an arrival left on a named barrier would outlive the CTA's use of it
-    if (NEXT || cw == 0) turn_pass(cw);
     if constexpr (NEXT) {
       wgmma_wait<1>();  // QK_{j+1} (issued first) is done; PV_j may still run
       reg_fence(s);
@@ -198,11 +176,7 @@ __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
   };
 
   mbar_wait(kb.q(), 0);
-  if (cw == 1) turn_pass(cw);  // warpgroup 0 takes the first turn
-  wait_qk(0);
-  turn_wait(cw);
-  issue_qk_j(0);
-  turn_pass(cw);
+  wait_and_issue_qk(0);
   wgmma_wait<0>();
   reg_fence(s);
   if (last == 0)

@@ -109,14 +109,7 @@ struct RowState {
 template <class T, bool MASK>
 __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, float (&beta)[2],
                                              uint32_t (&a_mean)[4], float c, int n_valid, int q) {
-  // The row max in four chains a row, 8 deep, then joined: one chain would be 32 dependent
-  // FMNMX, which two warps a scheduler (two consumer warpgroups) cannot hide. max is exact
-  // and order-free, so the value is the same.
-  float t4[2][4];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) t4[h][k] = -INFINITY;
+  float t[2] = {-INFINITY, -INFINITY};
   const int lim = n_valid - 2 * q;  // key 8cc + 2q + b is past the last iff 8cc + b >= lim
 #pragma unroll
   for (int cc = 0; cc < 16; ++cc) {
@@ -127,14 +120,12 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, float
         float v = s[4 * cc + 2 * h + b];
         if (MASK && 8 * cc + b >= lim) v = -INFINITY;
         s[4 * cc + 2 * h + b] = v;
-        float& chain = t4[h][2 * (cc & 1) + b];
-        chain = fmaxf(chain, v);
+        t[h] = fmaxf(t[h], v);
       }
   }
-  float t[2], bias_x[2], alpha[2];
+  float bias_x[2], alpha[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    t[h] = fmaxf(fmaxf(t4[h][0], t4[h][1]), fmaxf(t4[h][2], t4[h][3]));
     t[h] = fmaxf(t[h], __shfl_xor_sync(0xffffffffu, t[h], 1));
     t[h] = fmaxf(t[h], __shfl_xor_sync(0xffffffffu, t[h], 2));
     t[h] *= c;  // the scores are still to be multiplied by c (c > 0)
