@@ -63,8 +63,9 @@ def abs_max(x, axis: tl.constexpr):
 
 @triton.jit
 def program(blocks):
-    """(block, bh) of this program in a 1-D grid of bh * blocks + block, both 64-bit: every
-    vcbench Triton kernel's grid, blocks fastest (a head's programs run side by side)."""
+    """(block, bh) of this program in a 1-D grid of bh * blocks + block, both 64-bit: the grid
+    of the vcbench Triton kernels that read no RoPE tables, blocks fastest (a head's programs
+    run side by side); the RoPE-carrying ones take `program_heads_first`."""
     pid = tl.program_id(0).to(tl.int64)
     return pid % blocks, pid // blocks
 
