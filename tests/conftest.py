@@ -29,3 +29,15 @@ def nvfp4_kernel_tolerance(e):
     """Relative L2 an NVFP4 kernel's FP32 output may sit from the emulation's, given e, the
     emulation's own error against FP64 (derived in tests/test_gpu_nvfp4.py's docstring)."""
     return max(2e-4, 0.2 * e)
+
+
+def rope_with_junk(n, d, device):
+    """spec.rope.Rope of Wan-style tables (n, d) whose entries RoPE never reads (cos at odd
+    channels, sin at even ones) hold other values: a kernel that reads the wrong entry of a
+    channel pair gives other codes. In Wan's own tables both entries of a pair are equal."""
+    from vcbench.kernels.spec.rope import Rope, rope_tables
+
+    cos, sin = rope_tables(n, d, device)
+    cos[:, 1::2] = -0.5 * cos[:, 1::2] + 0.25
+    sin[:, 0::2] = 0.75 - sin[:, 0::2]
+    return Rope(cos, sin)

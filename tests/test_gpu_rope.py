@@ -8,13 +8,14 @@ import zlib
 
 import pytest
 import torch
+from conftest import rope_with_junk
 from test_gpu_kernels import assert_bit_equal, inputs
 
 import vcbench
 from vcbench.kernels import backends, get_method
 from vcbench.kernels.backends.triton.operands import prepare_gpu
 from vcbench.kernels.reference.engine import prepare
-from vcbench.kernels.spec.rope import Rope, apply_rope, rope_tables
+from vcbench.kernels.spec.rope import apply_rope
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not backends.triton_ready(),
                                                   reason="needs a CUDA GPU (sm_90+) and Triton")]
@@ -27,7 +28,7 @@ def outlier_inputs(n, d, seed, dtype=torch.bfloat16):
     q, k, v = (x.clone().to(dtype) for x in inputs("outliers", n, d, seed))
     q[..., 7] *= 16
     k[..., 3] += 12
-    return q, k, v, Rope(*rope_tables(n, d, "cuda"))
+    return q, k, v, rope_with_junk(n, d, "cuda")
 
 
 @pytest.mark.parametrize("method, options", CASES)

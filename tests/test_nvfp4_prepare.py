@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("triton", reason="needs Triton (its interpreter runs the kernels on CPU)")
 
+from conftest import rope_with_junk  # noqa: E402
 from interpreted import INTERPRETED, rerun_interpreted  # noqa: E402
 
 CASES = [  # (method, options, B, H, N, D, layout, inputs, permuted)
@@ -68,7 +69,7 @@ else:
     from vcbench.kernels.backends.triton import nvfp4
     from vcbench.kernels.reference.engine import prepare
     from vcbench.kernels.reference.vsmooth import permute_tokens, token_mean
-    from vcbench.kernels.spec.rope import Rope, apply_rope, rope_tables
+    from vcbench.kernels.spec.rope import apply_rope
     from vcbench.kernels.spec.rotation import rotate
 
     def plan_of(method, opts):
@@ -133,7 +134,7 @@ else:
         method, opts, b, h, n, d, layout, kind, permuted = case
         seed = 6000 + CASES.index(case)
         q, k, v = inputs(b, h, n, d, layout, kind, seed)
-        rope = Rope(*rope_tables(n, d, "cpu"))
+        rope = rope_with_junk(n, d, "cpu")
         plan = plan_of(method, opts)
         perm = permutation(b, h, n, seed) if permuted else None
         diff, ops, _ = all_differences(q, k, v, plan, perm, rope)

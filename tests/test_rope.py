@@ -12,11 +12,12 @@ the E4M3 codes compare too; against the emulation itself, the INT8 codes and eve
 
 import pytest
 import torch
+from conftest import rope_with_junk
 from interpreted import INTERPRETED, rerun_interpreted
 
 from vcbench.errors import UserError
 from vcbench.kernels import METHODS, attention, register_kernel
-from vcbench.kernels.spec.rope import Rope, apply_rope, rope_tables
+from vcbench.kernels.spec.rope import Rope, apply_rope
 
 B, H, N, D = 1, 2, 200, 64  # a full 128-token tile and a padded one
 
@@ -27,8 +28,7 @@ def inputs(dtype=torch.bfloat16, seed=0):
     k[..., 7] += 8.0  # a channel outlier (the Hadamard spreads it, K's mean takes it)
     q[:, :, 11] *= 40.0  # a token outlier (its block's scale)
     k[:, 1, 150] *= 60.0
-    cos, sin = rope_tables(N, D, "cpu")
-    return q.to(dtype), k.to(dtype), v.to(dtype), Rope(cos, sin)
+    return q.to(dtype), k.to(dtype), v.to(dtype), rope_with_junk(N, D, "cpu")
 
 
 def wan_rotation(x, rope):

@@ -110,14 +110,16 @@ def _load_rows(X, Perm, group, bh, n, stride_b, stride_h, stride_n, H, ROWS: tl.
 
 @triton.jit
 def _rope(x, src, valid, Cos, Sin, ROWS: tl.constexpr, D: tl.constexpr, ROUND: tl.constexpr):
-    """spec.rope.apply_rope of rows x (ROWS, D), FP32, of tokens `src` (the (N, D) FP32 tables'
-    rows): per channel pair, x1*cos - x2*sin and x1*sin + x2*cos, each product rounded on its
-    own (`_mul_rn`: no FMA), then the sum, then the rounding to the input's dtype, as torch's
-    separate ops store it. Returned as FP32 (exact)."""
-    pair = tl.arange(0, D // 2)
-    at = src.to(tl.int64)[:, None] * D + 2 * pair[None, :]
+    """spec.rope.apply_rope of rows x (ROWS, D), FP32, of tokens `src`: per channel pair,
+    x1*cos - x2*sin and x1*sin + x2*cos, each product rounded on its own (`_mul_rn`: no FMA),
+    then the sum, then the rounding to the input's dtype, as torch's separate ops store it.
+    Returned as FP32 (exact). Cos and Sin are the (N, D / 2) tables of the entries RoPE reads
+    (`rope_args`): whole rows, loaded in the layout of x's channel pairs. Read from the (N, D)
+    tables at a stride of two, the loads were narrow and the products took layout conversions
+    through shared memory: twice the quantizer's instructions, ~30 more barriers a step."""
+    at = src.to(tl.int64)[:, None] * (D // 2) + tl.arange(0, D // 2)[None, :]
     c = tl.load(Cos + at, mask=valid[:, None], other=0.0)
-    s = tl.load(Sin + at + 1, mask=valid[:, None], other=0.0)
+    s = tl.load(Sin + at, mask=valid[:, None], other=0.0)
     x1, x2 = tl.split(tl.reshape(x, [ROWS, D // 2, 2]))
     even = _mul_rn(x1, c) - _mul_rn(x2, s)
     odd = _mul_rn(x1, s) + _mul_rn(x2, c)
@@ -155,7 +157,8 @@ def _token_sums(X, Sums, n, chunks, stride_b, stride_h, stride_n, H, Cos, Sin,
 
 def rope_args(rope, x):
     """(Cos, Sin, ROPE) of a kernel that rotates x's rows by `rope` (spec.rope.Rope) on load:
-    the FP32 tables on x's device, contiguous, and the switch naming the dtype spec.rope
+    the (N, D / 2) FP32 tables of the entries a channel pair reads (cos at the even channels,
+    sin at the odd ones) on x's device, contiguous, and the switch naming the dtype spec.rope
     stores the rotated rows in; without `rope`, x as the pointers the switch leaves unread and
     ROUND_NONE. A UserError where the fusion would not be bit-exact: tables other than FP32,
     or x other than 16-bit."""
@@ -168,7 +171,8 @@ def rope_args(rope, x):
         from vcbench.errors import UserError
 
         raise UserError("the fused RoPE takes FP32 tables and 16-bit q and k")
-    return rope.cos.to(x.device).contiguous(), rope.sin.to(x.device).contiguous(), switch
+    cos, sin = rope.cos[:, 0::2], rope.sin[:, 1::2]  # the entries a channel pair reads
+    return cos.to(x.device).contiguous(), sin.to(x.device).contiguous(), switch
 
 
 def token_mean_gpu(x, rope=None):
