@@ -12,7 +12,7 @@ set -u
 A=$(cd "$1" && pwd); B=$(cd "${2:-.}" && pwd)
 METHODS=${METHODS:-sage3-4bit,attnqat-tf}; SHAPE=${SHAPE:-wan22-720p}; WINDOW=${WINDOW:-1,1.5}
 TESTS=${TESTS:-}
-OUT=${OUT:-/tmp/out}; WORK=$(mktemp -d)
+OUT=${OUT:-/tmp/out}; WORK=${WORK:-$(mktemp -d)}  # WORK/kA, WORK/kB: the two kernel caches
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-8}
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
 t0=$(date +%s)
@@ -54,8 +54,11 @@ print(f"\n{'method':16s} {'what':10s} " + " ".join(f"{c[1:]:>8s}" for c in cols)
 for m in methods:
     for key, label in (("attention_ms", "kernel"), ("preprocess_ms", "prep"),
                        ("plain_over_method", "plain/it"), ("sm_mhz", "MHz")):
+        # a value timeit could not give is null or the string "nan" in its JSON
         vals = {c: runs[c].get(m, {}).get(key) for c in cols}
-        if all(v is None or v != v for v in vals.values()):
+        vals = {c: None if v is None or float(v) != float(v) else float(v)
+                for c, v in vals.items()}
+        if all(v is None for v in vals.values()):
             continue
         a = [vals[c] for c in cols if c.startswith("tA") and vals[c] is not None]
         b = [vals[c] for c in cols if c.startswith("tB") and vals[c] is not None]
