@@ -13,14 +13,15 @@ A=$(cd "$1" && pwd); B=$(cd "${2:-.}" && pwd)
 METHODS=${METHODS:-sage3-4bit,attnqat-tf}; SHAPE=${SHAPE:-wan22-720p}; WINDOW=${WINDOW:-1,1.5}
 TESTS=${TESTS:-}
 OUT=${OUT:-/tmp/out}; WORK=${WORK:-$(mktemp -d)}  # WORK/kA, WORK/kB: the two kernel caches
+# $OUT gets the four timeit JSONs and the tests log (a device call brings back 8 files at most)
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-8}
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
 t0=$(date +%s)
 for X in A B; do
   tree=$A; [ $X = B ] && tree=$B
   (cd "$tree" && VCBENCH_KERNEL_CACHE=$WORK/k$X PYTHONPATH=$tree \
-     python3 -m vcbench.kernels.backends.sm90.compiled build > "$OUT/build$X.txt" 2>&1 \
-     || echo "build $X failed: $(tail -3 "$OUT/build$X.txt")") &
+     python3 -m vcbench.kernels.backends.sm90.compiled build > "$WORK/build$X.txt" 2>&1 \
+     || echo "build $X failed: $(tail -3 "$WORK/build$X.txt")") &
 done
 wait; echo "builds $(( $(date +%s) - t0 )) s"
 if [ -n "$TESTS" ]; then
@@ -35,8 +36,8 @@ for r in 1 2; do for X in A B; do
   tree=$A; [ $X = B ] && tree=$B
   (cd "$tree" && VCBENCH_KERNEL_CACHE=$WORK/k$X PYTHONPATH=$tree timeout -s KILL 200 \
      python3 -m vcbench timeit --methods "$METHODS" --shape "$SHAPE" --warmup-s "$w" \
-     --window-s "$s" --json "$OUT/t$X$r.json" > "$OUT/t$X$r.txt" 2>&1) \
-    || echo "timeit $X$r failed: $(tail -3 "$OUT/t$X$r.txt")"
+     --window-s "$s" --json "$OUT/t$X$r.json" > "$WORK/t$X$r.txt" 2>&1) \
+    || echo "timeit $X$r failed: $(tail -3 "$WORK/t$X$r.txt")"
 done; done
 python3 - "$OUT" <<'PY'
 import json, sys
