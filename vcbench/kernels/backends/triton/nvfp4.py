@@ -642,7 +642,7 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     # subtraction of the rotated mean, codes, and the gathered 16-bit rows for the bias
     k_mean = k_input = mean_in = None
     if plan.smooth_k:  # after RoPE, as the emulation takes it
-        k_mean = token_mean_gpu(k, rope)
+        k_mean = token_mean_gpu(k, (cos, sin, rope_switch))
         mean_in = rotate(k_mean) if rotated else k_mean
     if plan.smooth_q:  # the bias reads K's rows contiguous, in the permuted order, after RoPE
         k_input = k if perm is None and k.is_contiguous() and rope is None else torch.empty(

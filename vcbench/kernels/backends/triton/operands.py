@@ -125,7 +125,7 @@ def prepare_gpu(q, k, v, plan: Plan, *, permutation=None, grid=None, centroids=N
     # the paper's) order.
     qc, qs = rows(q, plan.q.granularity.rows, multiplier=scale_log2)
     k = _last_dim_contiguous(k)
-    mean = tq.token_mean_gpu(k, rope) if plan.smooth_k else None
+    mean = tq.token_mean_gpu(k, (cos, sin, rope_switch)) if plan.smooth_k else None
     if mean is not None and rotated:
         mean = rotate(mean).contiguous()
     kc, ks = rows(k, TILE, mean=mean, gather=perm)

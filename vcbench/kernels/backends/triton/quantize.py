@@ -175,20 +175,21 @@ def rope_args(rope, x):
     return cos.to(x.device).contiguous(), sin.to(x.device).contiguous(), switch
 
 
-def token_mean_gpu(x, rope=None):
+def token_mean_gpu(x, tables=None):
     """`vsmooth.token_mean` of a 16-bit or FP32 (B, H, N, D) CUDA tensor, bit for bit: the
     FP64 sum of 16-bit values is exact, so chunking it cannot change it, and so is that of
     FP32 values while a channel's magnitudes span fewer than 29 - log2(N) binades (53 bits
     against 24); past that, the chunks still add in one fixed order, so a call repeats its
-    bits. With `rope` (spec.rope.Rope; 16-bit x only), the mean of x after RoPE, rotated on
-    load. Returns FP32 (B*H, D)."""
+    bits. With `tables` (what `rope_args` returned for the call's RoPE and x's dtype, so
+    the caller's quantizers and this share one copy of the tables), the mean of x after RoPE,
+    rotated on load. Returns FP32 (B*H, D)."""
     import torch
 
     b, h, n, d = x.shape
     rows, tiles = 64, 16
     chunks = triton.cdiv(n, rows * tiles)
     sums = torch.empty(b * h, chunks, d, device=x.device, dtype=torch.float64)
-    cos, sin, switch = rope_args(rope, x)
+    cos, sin, switch = tables if tables is not None else rope_args(None, x)
     _token_sums[(chunks * b * h,)](x, sums, n, chunks, x.stride(0), x.stride(1), x.stride(2),
                                    h, cos, sin, ROWS=rows, D=d, TILES=tiles, ROPE=switch)
     return (sums.sum(1) / n).float()
