@@ -74,10 +74,11 @@ def program(blocks):
 def program_heads_first(blocks):
     """(block, bh) of this program in a 1-D grid of block * (B*H) + bh, both 64-bit: the grid of
     a kernel that may rotate by RoPE on load. The (batch, head)s of one token block run side by
-    side, so each row of RoPE's (N, D) FP32 tables, the same for every head, is read by all of
-    them while it is in L2 (a head at a time, `program`, goes through both tables, 4x the
-    bytes of a 16-bit operand, once a head). Measured at the Wan2.2 shape: 0.1-0.5 ms a call
-    faster, bit for bit the same."""
+    side, so each row of RoPE's FP32 tables (`rope_args`' (N, D / 2) halves), the same for
+    every head, is read by all of them while it is in L2 (a head at a time, `program`, goes
+    through both tables, twice the bytes of a 16-bit operand, once a head). Measured at the
+    Wan2.2 shape, with the (N, D) tables then read: 0.1-0.5 ms a call faster, bit for bit the
+    same."""
     pid = tl.program_id(0).to(tl.int64)
     bh_count = tl.num_programs(0) // blocks
     return pid // bh_count, pid % bh_count
