@@ -63,7 +63,7 @@ def check_against_emulation(q, k, v, plan, out_dtype=torch.float32):
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
-@pytest.mark.parametrize("n", [1000, 4133, 16384])
+@pytest.mark.parametrize("n", [100, 1000, 4133, 16384])
 @pytest.mark.parametrize("kind", ["normal", "outliers", "synthetic"])
 def test_compiled_nvfp4_matches_emulation(variant, n, kind):
     if kind == "synthetic" and n != 4133:

@@ -428,7 +428,7 @@ def centered_keys(KIn, k_mean, bh, n, keys, D: tl.constexpr):
 def _score_term(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_chunks, m_tiles,
                 D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TILES: tl.constexpr):
     """Q smoothing's score term for BM query blocks and TILES x BN keys of one (batch, head):
-    bias_q . (K_in - mean_K), FP32 out, zero for the padded keys. The centering is the FP32
+    bias_q . (K_in - mean_K), FP32 out, -inf for the padded keys. The centering is the FP32
     subtraction the emulation does; the product is three TF32 tensor-core products (small.big
     + big.small + big.big of each FP32 operand split in two: ~2^-21 of each term, FP32's own
     accumulation error being larger), where a plain FP32 product would run on the CUDA cores.
@@ -447,6 +447,7 @@ def _score_term(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_chunks, m_tiles
         term = tl.dot(m_small, k_big, input_precision="tf32")
         term = tl.dot(m_big, k_small, term, input_precision="tf32")
         term = tl.dot(m_big, k_big, term, input_precision="tf32")
+        term = tl.where((keys < n)[None, :], term, float("-inf"))  # masks the padded keys
         tl.store(Out + (bh * q_blocks + blocks)[:, None] * nk_pad + keys[None, :], term,
                  mask=in_m[:, None] & (keys < nk_pad)[None, :])
 
@@ -525,8 +526,10 @@ SCORE_BLOCK_M, SCORE_BLOCK_N, SCORE_WARPS, SCORE_TILES, SCORE_STAGES = 128, 64, 
 
 def score_term(ops: Nvfp4Operands, nk_pad: int) -> torch.Tensor:
     """Q smoothing's score term for a kernel that reads it precomputed, one FP32 per (query
-    block, key): bias_q . (K_in - mean_K), (B*H, N_q_pad / block_m, nk_pad), zero past the
-    last key, the per-tile sum the Triton attention kernel takes in its loop. 4 bytes per
+    block, key): bias_q . (K_in - mean_K), (B*H, N_q_pad / block_m, nk_pad), the per-tile sum
+    the Triton attention kernel takes in its loop; -inf past the last key, which masks the
+    padded keys of the kernel's last tile (their scores start from it) without a masked
+    softmax of its own. 4 bytes per
     (query block, key): 7.2 GB at the Wan2.2 shape."""
     bh, q_blocks, d = ops.bias_q.shape
     n = ops.n

@@ -76,13 +76,16 @@ const char* forward_nvfp4(const Nvfp4Args& a) {
   if (a.bias != nullptr && a.q_outer != nullptr)  // the bias starts the QK accumulator, unscaled
     return fail("Q smoothing's score term with outer scales of Q and K%s");
 
-  // Rows of 256 bytes (128 fp16 channels), boxes of 128 bytes x 128 rows: a half of a tile.
+  // Rows of 256 bytes (128 fp16 channels), boxes of 128 bytes x 128 rows: a half of a K or
+  // V^T tile; Q's of 64 rows (a CTA's 192 rows are three).
   CUtensorMap maps[3];
   const cuuint32_t box[2] = {128, 128};
   {
+    const cuuint32_t q_box[2] = {128, 64};
     const cuuint64_t dims[2] = {2 * D, static_cast<cuuint64_t>(bh) * a.nq_pad};
     const cuuint64_t strides[1] = {2 * D};
-    if (!make_map(&maps[0], a.q, 2, dims, strides, box)) return fail("tensor map for Q failed%s");
+    if (!make_map(&maps[0], a.q, 2, dims, strides, q_box))
+      return fail("tensor map for Q failed%s");
   }
   {
     const cuuint64_t dims[2] = {2 * D, static_cast<cuuint64_t>(bh) * a.nk_pad};
@@ -110,7 +113,7 @@ const char* forward_nvfp4(const Nvfp4Args& a) {
   prm.nq_pad = a.nq_pad;
   prm.nk_pad = a.nk_pad;
   prm.n_tiles = a.nk_pad / BN;
-  prm.q_blocks = (a.nq_pad + BM - 1) / BM;
+  prm.q_blocks = (a.nq_pad + nvfp4::QBLOCK - 1) / nvfp4::QBLOCK;
   prm.out_kind = a.out_kind;
   const bool vsmooth = a.mean != nullptr, bias = a.bias != nullptr;
   const dim3 grid((a.n + BM - 1) / BM, static_cast<unsigned>(bh));

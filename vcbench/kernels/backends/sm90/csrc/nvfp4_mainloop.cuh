@@ -1,13 +1,13 @@
 // The NVFP4 kernel: a producer warpgroup that loads Q once and the K / V^T tiles (with
-// V-Smooth's mean step and Q smoothing's bias row) into the stage ring by TMA, and two
+// V-Smooth's mean step and Q smoothing's bias rows) into the stage rings by TMA, and three
 // consumer warpgroups that each run QK, the softmax with P's NVFP4 quantization, and PV in
 // order on their 64 query rows, tile after tile, then the epilogue.
 //
-// Every 16-bit tile is two halves of 64 columns, each 128 rows of 128 bytes under the 128-byte
-// swizzle that a K-major wgmma operand reads (desc_sw128): k-step kk (16 columns, 32 bytes)
-// of a tile is half kk / 4 at byte (kk % 4) * 32 of its rows, the 8-bit kernel's k-step
-// arithmetic. Q and K are row-major in channels (K-major for S = Q K^T); V comes transposed
-// (channels x keys), K-major for P V. The TMA maps address them in bytes (launch.cu).
+// Every 16-bit tile is two halves of 64 columns, rows of 128 bytes under the 128-byte swizzle
+// that a K-major wgmma operand reads (desc_sw128): k-step kk (16 columns, 32 bytes) of a tile
+// is half kk / 4 at byte (kk % 4) * 32 of its rows, the 8-bit kernel's k-step arithmetic. Q
+// and K are row-major in channels (K-major for S = Q K^T); V comes transposed (channels x
+// keys), K-major for P V. The TMA maps address them in bytes (launch.cu).
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -33,10 +33,17 @@ __device__ __forceinline__ void produce(const CUtensorMap& tm_q, const CUtensorM
   prefetch_tensormap(&tm_k);
   prefetch_tensormap(&tm_v);
   const uint32_t s_q = base + T::Q_OFF;
-  mbar_expect_tx(kb.q(), T::TILE_BYTES);
-  const int q_row = bh * prm.nq_pad + m_block * T::BM;
-  tma_load_2d(s_q, &tm_q, kb.q(), 0, q_row);
-  tma_load_2d(s_q + T::HALF, &tm_q, kb.q(), 128, q_row);
+  mbar_expect_tx(kb.q(), T::Q_BYTES);
+  const int q_row = bh * prm.nq_pad + m_block * T::BM;  // rows past the head's are not written
+#pragma unroll
+  for (int r = 0; r < T::BM / 64; ++r) {  // boxes of 64 rows
+    tma_load_2d(s_q + r * 64 * 128, &tm_q, kb.q(), 0, q_row + 64 * r);
+    tma_load_2d(s_q + T::Q_HALF + r * 64 * 128, &tm_q, kb.q(), 128, q_row + 64 * r);
+  }
+  // the score term's rows: the query blocks of the CTA's first and last row (the last clamped
+  // to the head's blocks: rows past them are not written)
+  const int qb0 = m_block * T::BM / QBLOCK;
+  const int qb1 = min((m_block * T::BM + T::BM - 1) / QBLOCK, prm.q_blocks - 1);
   const int n_tiles = prm.n_tiles;
   for (int j = 0; j < n_tiles; ++j) {
     const int st = j % T::STAGES, free = ((j / T::STAGES) & 1) ^ 1;
@@ -47,11 +54,14 @@ __device__ __forceinline__ void produce(const CUtensorMap& tm_q, const CUtensorM
     const int k_row = bh * prm.nk_pad + j * BN;
     tma_load_2d(stage + T::K_OFF, &tm_k, kb.full(st), 0, k_row);
     tma_load_2d(stage + T::K_OFF + T::HALF, &tm_k, kb.full(st), 128, k_row);
-    if constexpr (T::BIAS)
-      bulk_load(stage + T::BIAS_OFF,
-                prm.bias + (static_cast<size_t>(bh) * prm.q_blocks + m_block) * prm.nk_pad +
-                    static_cast<size_t>(j) * BN,
-                T::BIAS_BYTES, kb.full(st));
+    if constexpr (T::BIAS) {
+      const size_t key0 = static_cast<size_t>(j) * BN;
+      const size_t row = static_cast<size_t>(bh) * prm.q_blocks;
+      bulk_load(stage + T::BIAS_OFF, prm.bias + (row + qb0) * prm.nk_pad + key0, BN * 4,
+                kb.full(st));
+      bulk_load(stage + T::BIAS_OFF + BN * 4, prm.bias + (row + qb1) * prm.nk_pad + key0, BN * 4,
+                kb.full(st));
+    }
     mbar_wait(vb.empty(st), free);
     mbar_expect_tx(vb.full(st), T::TILE_BYTES + T::MEAN_BYTES);
     tma_load_2d(stage + T::V_OFF, &tm_v, vb.full(st), j * BN * 2, bh * D);
@@ -68,7 +78,7 @@ template <class T>
 __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t s_q, uint32_t s_k) {
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
-    const uint64_t dq = desc_sw128(s_q + (kk / 4) * T::HALF) + 2 * (kk % 4);
+    const uint64_t dq = desc_sw128(s_q + (kk / 4) * T::Q_HALF) + 2 * (kk % 4);
     const uint64_t dk = desc_sw128(s_k + (kk / 4) * T::HALF) + 2 * (kk % 4);
     if (kk == 0 && !T::BIAS)
       wgmma_f16_ss_n128_first(s, dq, dk);
@@ -78,7 +88,8 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t s_q, uint32_t 
 }
 
 // Q smoothing's score term for tile j's keys into the QK accumulator before QK_j: every row of
-// the CTA's query block takes the same bias row (columns 8cc + 2q + {0, 1} of S at bias[4cc]).
+// the warpgroup's query block takes the same bias row (columns 8cc + 2q + {0, 1} of S at
+// bias[4cc]).
 // The tensor core then adds Q K_j^T to it, so the scores come out final, with no add of their
 // own (64 FFMA a tile and thread fewer: the softmax issues every instruction it saves). The
 // term comes only without outer scales of Q and K (c = 1, the units the term is in): the NVFP4
@@ -99,7 +110,7 @@ __device__ __forceinline__ void load_bias(float (&s)[64], uint32_t bias) {
 // sums times its mean.
 template <class T>
 __device__ __forceinline__ void issue_pv(float (&acc)[64], const uint32_t (&p)[32], uint32_t s_v,
-                                         [[maybe_unused]] const uint32_t (&a_mean)[4],
+                                         [[maybe_unused]] const uint32_t (&a_mean)[2],
                                          [[maybe_unused]] uint32_t s_mean) {
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
@@ -107,7 +118,10 @@ __device__ __forceinline__ void issue_pv(float (&acc)[64], const uint32_t (&p)[3
     const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
     wgmma_f16_rs_n128(acc, a, dv);
   }
-  if constexpr (T::VSMOOTH) wgmma_f16_rs_n128(acc, a_mean, desc_means(s_mean));
+  if constexpr (T::VSMOOTH) {
+    const uint32_t a[4] = {a_mean[0], a_mean[1], a_mean[0], a_mean[1]};  // mean_fragment: why
+    wgmma_f16_rs_n128(acc, a, desc_means(s_mean));
+  }
 }
 
 template <class T>
@@ -118,34 +132,45 @@ __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
   const int warp = tid / 32, lane = tid % 32, q = lane & 3, g = lane >> 2;
   const int row0 = m_block * T::BM + cw * 64 + warp * 16 + g;  // rows row0, row0 + 8
   const uint32_t s_q = base + T::Q_OFF + cw * 64 * 128;        // this warpgroup's 64 rows
-  const float c = prm.q_outer != nullptr ? prm.q_outer[bh] * prm.k_outer[bh] : 1.f;
+  // which of the stage's two score-term rows this warpgroup's query block reads
+  const int bias_row = (m_block * T::BM + cw * 64) / QBLOCK - m_block * T::BM / QBLOCK;
+  // the scores' outer scale; 1 with Q smoothing's term, which comes only without outer scales
+  const float c = !T::BIAS && prm.q_outer != nullptr ? prm.q_outer[bh] * prm.k_outer[bh] : 1.f;
 
   float acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-  reg_fence(acc);
-  float s[64], beta[2];
-  uint32_t p[32], a_mean[4] = {0u, 0u, 0u, 0u}, a_next[4] = {0u, 0u, 0u, 0u};
+  float s[64];
+  uint32_t p[32], a_mean[2] = {0u, 0u};
   RowState row;
   const int last = prm.n_tiles - 1;
-  auto stage_base = [&](int j) { return base + T::STAGE_OFF + (j & 1) * T::STAGE_BYTES; };
   static_assert(T::STAGES == 2, "stage j & 1, parity (j >> 1) & 1");
-  auto wait_and_issue_qk = [&](int j) {
+  // One tile: QK_j, the softmax, acc's rescale, PV_j, in order; the other warpgroups' products
+  // and softmaxes run beside each step.
+  mbar_wait(kb.q(), 0);
+  for (int j = 0; j <= last; ++j) {
+    const uint32_t stage = base + T::STAGE_OFF + (j & 1) * T::STAGE_BYTES;
     mbar_wait(kb.full(j & 1), (j >> 1) & 1);
     if constexpr (T::BIAS) {
-      load_bias(s, stage_base(j) + T::BIAS_OFF + 8 * q);
+      load_bias(s, stage + T::BIAS_OFF + bias_row * BN * 4 + 8 * q);
       reg_fence(s);  // defined before the fence, as the PV operands are (C7513)
     }
     wgmma_fence();
-    issue_qk<T>(s, s_q, stage_base(j) + T::K_OFF);
+    issue_qk<T>(s, s_q, stage + T::K_OFF);
     wgmma_commit();
-  };
-  // tile j's PV, and with NEXT tile j + 1's QK and softmax beside it
-  auto tile = [&](int j, auto next) {
-    constexpr bool NEXT = decltype(next)::value;
-    if constexpr (NEXT) wait_and_issue_qk(j + 1);
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] *= beta[(i >> 1) & 1];
+    wgmma_wait<0>();
+    reg_fence(s);
+    mbar_arrive(kb.empty(j & 1));  // K_j and its bias rows read
+    // The keys past n: with Q smoothing's term, its -inf there (triton/nvfp4.py score_term)
+    // masks them before the softmax; else the masked softmax for the last tile (a branch
+    // without a wgmma in it: a second softmax in the loop costs registers).
+    if (T::BIAS || j < last)
+      softmax_tile<T, false>(s, acc, row, a_mean, c, BN, q);
+    else
+      softmax_tile<T, true>(s, acc, row, a_mean, c, prm.n - j * BN, q);
+    reg_fence(s);
+    pack_p(p, s);
+    reg_fence(p);
     mbar_wait(vb.full(j & 1), (j >> 1) & 1);
     // every register the PV wgmmas read is defined before their fence: otherwise ptxas may
     // schedule a definition inside the wgmma stage and serialize it (C7513)
@@ -153,52 +178,21 @@ __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
     reg_fence(p);
     if constexpr (T::VSMOOTH) reg_fence(a_mean);
     wgmma_fence();
-    issue_pv<T>(acc, p, stage_base(j) + T::V_OFF, a_mean, stage_base(j) + T::MEAN_OFF);
+    issue_pv<T>(acc, p, stage + T::V_OFF, a_mean, stage + T::MEAN_OFF);
     wgmma_commit();
-    if constexpr (NEXT) {
-      wgmma_wait<1>();  // QK_{j+1} (issued first) is done; PV_j may still run
-      reg_fence(s);
-      // the masked softmax only for the last tile (a branch without a wgmma in it)
-      if (j + 1 < last)
-        softmax_tile<T, false>(s, row, beta, a_next, c, BN, q);
-      else
-        softmax_tile<T, true>(s, row, beta, a_next, c, prm.n - last * BN, q);
-      mbar_arrive(kb.empty((j + 1) & 1));  // K_{j+1} and its bias row read
-    }
     wgmma_wait<0>();
     reg_fence(acc);
     mbar_arrive(vb.empty(j & 1));  // V_j and its mean step read
-    if constexpr (NEXT) {
-      pack_p(p, s);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a_mean[i] = a_next[i];
-    }
-  };
-
-  mbar_wait(kb.q(), 0);
-  wait_and_issue_qk(0);
-  wgmma_wait<0>();
-  reg_fence(s);
-  if (last == 0)
-    softmax_tile<T, true>(s, row, beta, a_mean, c, prm.n, q);
-  else
-    softmax_tile<T, false>(s, row, beta, a_mean, c, BN, q);
-  mbar_arrive(kb.empty(0));
-  pack_p(p, s);
-  if (last == 0) {
-    tile(0, With<false>{});
-  } else {
-    for (int j = 0; j < last; ++j) tile(j, With<true>{});
-    tile(last, With<false>{});
   }
 
-  // O = acc * sigma / (PSCALE l) * v_outer, rows past n (the padding) not written
+  // O = acc / (PSCALE l) * v_outer (acc and l in the last tile's units), rows past n (the
+  // padding) not written
   const float v_outer = prm.v_outer != nullptr ? prm.v_outer[bh] : 1.f;
   const int b = bh / prm.heads, hd = bh % prm.heads;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row_n = row0 + 8 * h;
-    const float scale = row.sigma[h] * (1.f / T::PSCALE) * v_outer / row.l[h];
+    const float scale = (1.f / T::PSCALE) * v_outer / row.l[h];
     if (row_n >= prm.n) continue;
     const long long off = b * prm.out_sb + hd * prm.out_sh + row_n * prm.out_sn;
 #pragma unroll

@@ -6,11 +6,11 @@
 //
 //     m' = max(m, rowmax s);  alpha = exp2(m - m');  p = exp2(s - m');  r = rowsum p
 //     P  = NVFP4(p / s1), s1 = rowmax(p) / 2688   (two-level; else NVFP4(p))
-//     acc = alpha acc + (P V_j) s1 [+ r mean_j];  l = alpha l + r
+//     acc = alpha acc + (P V_j) s1 [+ r mean_j];  l = alpha l + r;  O = acc / l
 //
 // The PV wgmma accumulates into acc itself (no tile block and no FP32 merge on the CUDA
-// cores: 64 registers and 64 FFMA a tile fewer, which lets the next tile's QK and softmax run
-// while this tile's PV is in flight). So acc is kept in the units of the tile's s1: with
+// cores: 64 registers and 64 FFMA a tile fewer, which is what lets three consumer warpgroups
+// fit 160 registers). So acc is kept in the units of the tile's s1: with
 // u = max(t, m' - 64), t the tile's row max, the tile's P~ / s1 is x = 2688 exp2(s - u) and
 // acc' = acc / s1 takes acc' = beta acc' + P V_j with beta = exp2(u_prev - u) (alpha s1_prev /
 // s1, exactly). The floor m' - 64 bounds beta and acc' (s1 >= 2^-64 / 2688); it binds only on
@@ -77,38 +77,41 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 // K row permutation, the accumulator's layout is the A fragment's).
 __device__ __forceinline__ int key_of(int c, int q, int b) { return 8 * c + 2 * q + b; }
 
-// The mean step's A fragment (k = 16, two of them used): column 0 the row sums of P~ in FP16
+// The mean step's A fragment (k = 16, two columns used): column 0 the row sums of P~ in FP16
 // (their head), column 1 what FP16 dropped (their tail), so that the FP32 products with the
 // mean (B's rows 0 and 1) carry 22 bits of the sum. Only lanes q == 0 hold columns 0 and 1.
-__device__ __forceinline__ void mean_fragment(uint32_t (&a)[4], const float (&xs)[2], int q) {
+// Its registers 0 and 1 (rows r and r + 8, columns 2q, 2q + 1); registers 2 and 3 (columns 8 +
+// 2q, 9 + 2q) meet B's zero rows 8..15, so issue_pv passes registers 0 and 1 again there
+// instead of two more registers of zeros (a NaN there is a NaN row's own).
+__device__ __forceinline__ void mean_fragment(uint32_t (&a)[2], const float (&xs)[2], int q) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float head = __half2float(__float2half_rn(xs[h]));
     a[h] = q == 0 ? pack_half2(head, xs[h] - head) : 0u;
   }
-  a[2] = a[3] = 0u;
 }
 
-// The per-row state across tiles: the running max m, the tile unit u (two-level), the row
-// sum l (in the running max's units, as the emulation's), and sigma, acc's unit (s1 of the
-// last tile: O = acc * sigma / (PSCALE l)).
+// The per-row state across tiles: the running max m, the tile unit u (two-level), and the
+// row sum l in acc's units (l' = l / s1: l' = beta l' + rowsum(x), as acc' takes its tile; O =
+// acc' / (PSCALE l'), the s1 cancelling). The emulation keeps l in the running max's units (l =
+// alpha l + s1 rowsum(x)): the same sum, rounded otherwise (a few FP32 ulps of l), for two
+// registers (s1) and four MUFU a tile and thread fewer.
 struct RowState {
   float m[2] = {-INFINITY, -INFINITY};
   float u[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
-  float sigma[2] = {1.f, 1.f};
 };
 
 // One S tile (FP32 dot products of the dequantized codes: s[4c + 2h + b] = row r + 8h, column
 // 8c + 2q + b) into P's dequantized NVFP4 values, in place (each an exact FP16 value, times
 // PSCALE); pack_p then builds the PV A fragment from them. c: q_outer * k_outer (1 without outer
 // scales), which the scores are still to be multiplied by; with Q smoothing they carry its
-// score term already (load_bias started their accumulator with it). On return beta is acc's
-// rescale for this tile (before its PV), the row state is updated (l with this tile's row
+// score term already (load_bias started their accumulator with it). On return acc is rescaled
+// into this tile's units (ready for its PV), the row state is updated (l with this tile's row
 // sums), and with V-Smooth a_mean is the tile's mean step A fragment.
 template <class T, bool MASK>
-__device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, float (&beta)[2],
-                                             uint32_t (&a_mean)[4], float c, int n_valid, int q) {
+__device__ __forceinline__ void softmax_tile(float (&s)[64], float (&acc)[64], RowState& st,
+                                             uint32_t (&a_mean)[2], float c, int n_valid, int q) {
   float t[2] = {-INFINITY, -INFINITY};
   const int lim = n_valid - 2 * q;  // key 8cc + 2q + b is past the last iff 8cc + b >= lim
 #pragma unroll
@@ -123,26 +126,27 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, float
         t[h] = fmaxf(t[h], v);
       }
   }
-  float bias_x[2], alpha[2];
+  float bias_x[2], beta[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     t[h] = fmaxf(t[h], __shfl_xor_sync(0xffffffffu, t[h], 1));
     t[h] = fmaxf(t[h], __shfl_xor_sync(0xffffffffu, t[h], 2));
     t[h] *= c;  // the scores are still to be multiplied by c (c > 0)
     const float m_new = fmaxf(st.m[h], t[h]);
-    alpha[h] = ex2(st.m[h] - m_new);  // 0 at the first tile (m = -inf, m_new finite)
     if constexpr (T::TWO_LEVEL) {
       const float u = fmaxf(t[h], m_new - 64.f);
-      beta[h] = ex2(st.u[h] - u);                              // alpha s1_prev / s1
-      st.sigma[h] = ex2(u - m_new) * (1.f / P_OUTER);          // s1 = rowmax(p) / 2688
-      bias_x[h] = LOG2_P_OUTER - u;                            // x = 2688 exp2(s - u)
+      beta[h] = ex2(st.u[h] - u);    // alpha s1_prev / s1; 0 at the first tile (u = -inf)
+      bias_x[h] = LOG2_P_OUTER - u;  // x = 2688 exp2(s - u)
       st.u[h] = u;
     } else {
-      beta[h] = alpha[h];
-      bias_x[h] = -m_new;  // x = p = exp2(s - m')
+      beta[h] = ex2(st.m[h] - m_new);  // alpha; 0 at the first tile (m = -inf, m_new finite)
+      bias_x[h] = -m_new;              // x = p = exp2(s - m')
     }
     st.m[h] = m_new;
   }
+  // acc's rescale as soon as beta is known, before the scores' exponentials take registers
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] *= beta[(i >> 1) & 1];
   float sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
@@ -154,8 +158,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], RowState& st, float
   for (int h = 0; h < 2; ++h) {
     sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
     sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
-    const float r = T::TWO_LEVEL ? sum[h] * st.sigma[h] : sum[h];  // rowsum(p) = s1 rowsum(x)
-    st.l[h] = st.l[h] * alpha[h] + r;
+    st.l[h] = st.l[h] * beta[h] + sum[h];
   }
   if constexpr (T::VSMOOTH) {
     const float xs[2] = {sum[0] * T::PSCALE, sum[1] * T::PSCALE};

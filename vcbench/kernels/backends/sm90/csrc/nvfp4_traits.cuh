@@ -12,6 +12,7 @@ namespace nvfp4 {
 
 constexpr int D = 128;   // head dim
 constexpr int BN = 128;  // keys per KV tile = V-Smooth block
+constexpr int QBLOCK = 128;  // Q smoothing's query block: one score-term row for its 128 rows
 // (448 * 6): the two-level P scale s1 = rowmax(P~) / P_OUTER spans E4M3 x E2M1
 constexpr float P_OUTER = 2688.f;
 constexpr float LOG2_P_OUTER = 11.392317422778761f;  // log2(2688), rounded to FP32
@@ -33,45 +34,49 @@ struct Params {
 };
 constexpr int OUT_FP16 = 0, OUT_BF16 = 1, OUT_FP32 = 2;  // Params::out_kind
 
-// The tile rule: a CTA holds 128 query rows, two consumer warpgroups of 64 rows, each running
-// the next tile's QK and softmax beside this tile's PV (nvfp4_mainloop.cuh), fed by one
-// producer warpgroup through 2-stage rings of 128-key K and V^T tiles (FP16: 32 KB each). At 16
-// bits a third stage does not fit beside Q (227 KB). While the softmax runs, a consumer thread
-// holds the accumulator (64 registers, the PV wgmma's), P's A fragment (32, read by it), the
-// scores (64) and the softmax's own: ptxas needs more than 232, so two consumer warpgroups at
-// 240, not the 8-bit kernel's three at 160 (measured: 24 registers spilled at 232).
+// The tile rule: a CTA holds 192 query rows, three consumer warpgroups of 64 rows that each run
+// QK, the softmax with P's NVFP4 quantization, and PV in order on their tile (each scheduler
+// then has three independent chains), fed by one producer warpgroup through 2-stage rings of
+// 128-key K and V^T tiles (FP16: 32 KB each; a third stage does not fit beside 192 rows of Q).
+// A consumer thread holds the accumulator (64 registers, the PV wgmma's) and the scores (64,
+// then P's A fragment, 32): 160 a thread, the producer's given to the consumers (setmaxnreg).
+// What makes that fit: one softmax in the loop (Q smoothing's term masks the padded keys, so
+// its instances need no masked copy), the row sum kept in acc's units (no s1 across tiles),
+// and the mean step's A fragment in two registers. Measured and replaced (docs/perf.md): two
+// consumer warpgroups at 240 registers, each issuing the next tile's QK beside this tile's PV
+// and softmax: 2.2% slower for sage3-4bit and vc-4bit, tied for attnqat-tf.
 template <bool TWO_LEVEL_, bool VSMOOTH_, bool BIAS_>
 struct Traits {
   static constexpr bool TWO_LEVEL = TWO_LEVEL_;  // P under a per-row scale s1 (sage3, vc-4bit)
   static constexpr bool VSMOOTH = VSMOOTH_;      // V-Smooth's mean term as one more PV k-step
   static constexpr bool BIAS = BIAS_;            // Q smoothing's score term added to S
 
-  static constexpr int CONSUMERS = 2;
-  static constexpr int BM = 64 * CONSUMERS;  // query rows per CTA = Q smoothing's block
+  static constexpr int CONSUMERS = 3;
+  static constexpr int BM = 64 * CONSUMERS;  // query rows per CTA
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
-  // setmaxnreg moves registers between the CTA's warpgroups and never adds any: the CTA holds
-  // what its launch allocated, 168 a thread for 384 threads (65536 / 384, down to a multiple
-  // of 8), and a consumer's increase waits until the producer's decrease has freed enough.
   static constexpr int PRODUCER_REGS = 24;
-  static constexpr int CONSUMER_REGS = 240;
-  static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
-  static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= LAUNCH_REGS * THREADS,
-                "the launch's registers");
+  static constexpr int CONSUMER_REGS = 160;
+  static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
   static constexpr int STAGES = 2;
 
   // P's dequantized values times P_SHIFT with V-Smooth (the mean step's sums fit FP16), else 1
   static constexpr float PSCALE = VSMOOTH ? P_SHIFT : 1.f;
 
-  // Shared memory from a 1024-byte aligned base. Every 16-bit tile of 128 rows x 128 columns
-  // is two halves of 64 columns (128 bytes a row, one 128-byte swizzle atom wide), 16 KB each:
-  // Q (rows = queries), and per stage K (rows = keys), V^T (rows = channels, columns = keys),
-  // the mean step's B operand (16 x 128 f16, K-major without swizzle), the bias row.
-  static constexpr int HALF = 128 * 128;                   // bytes of a 64-column half
+  // Shared memory from a 1024-byte aligned base. Every 16-bit tile is two halves of 64 columns
+  // (128 bytes a row, one 128-byte swizzle atom wide): Q (BM rows = queries, 24 KB a half), and
+  // per stage K (128 rows = keys), V^T (128 rows = channels, columns = keys), 16 KB a half, the
+  // mean step's B operand (16 x 128 f16, K-major without swizzle), and the score term's rows of
+  // the two query blocks the CTA's rows meet (a 192-row CTA starts at row 0 or 64 of a block).
+  static constexpr int HALF = 128 * 128;                   // bytes of a K or V^T half
   static constexpr int TILE_BYTES = 2 * HALF;              // 32 KB
+  static constexpr int Q_HALF = BM * 128;                  // bytes of a Q half
+  static constexpr int Q_BYTES = 2 * Q_HALF;
   static constexpr int MEAN_BYTES = VSMOOTH ? 4096 : 0;    // 16 x 128 f16
-  static constexpr int BIAS_BYTES = BIAS ? BN * 4 : 0;     // 128 FP32
+  static constexpr int BIAS_ROWS = 2;
+  static constexpr int BIAS_BYTES = BIAS ? BIAS_ROWS * BN * 4 : 0;  // FP32 rows
+  static_assert(BM % 64 == 0 && BM <= 2 * QBLOCK - 64, "a CTA meets at most two query blocks");
   static constexpr int Q_OFF = 0;
-  static constexpr int STAGE_OFF = TILE_BYTES;
+  static constexpr int STAGE_OFF = Q_BYTES;
   static constexpr int K_OFF = 0, V_OFF = TILE_BYTES, MEAN_OFF = 2 * TILE_BYTES;
   static constexpr int BIAS_OFF = MEAN_OFF + MEAN_BYTES;
   static constexpr int STAGE_BYTES = (BIAS_OFF + BIAS_BYTES + 1023) / 1024 * 1024;
