@@ -58,22 +58,18 @@ __device__ __forceinline__ float round_e2m1(float y) {
 
 // The E4M3 microscales of two groups from their amax: formats.scale_for (amax times the FP32
 // reciprocal of 6), rounded to E4M3 by the hardware's RNE, saturating conversion (a NaN amax
-// stays NaN), read back exactly as an FP16 pair (low half amax0's).
-__device__ __forceinline__ __half2 microscales(float amax0, float amax1) {
+// stays NaN), read back exactly.
+__device__ __forceinline__ float2 microscales(float amax0, float amax1) {
   uint16_t codes;
   uint32_t halves;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(codes) : "f"(amax1 * (1.f / 6.f)),
       "f"(amax0 * (1.f / 6.f)));
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(halves) : "h"(codes));
-  return *reinterpret_cast<const __half2*>(&halves);
+  return __half22float2(*reinterpret_cast<const __half2*>(&halves));
 }
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ uint32_t as_u32(__half2 h) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
@@ -107,16 +103,15 @@ struct RowState {
 };
 
 // One S tile (FP32 dot products of the dequantized codes: s[4c + 2h + b] = row r + 8h, column
-// 8c + 2q + b) into P's dequantized NVFP4 values as the PV wgmma's A fragment p (each an exact
-// FP16 value, times PSCALE). c: q_outer * k_outer (1 without outer
+// 8c + 2q + b) into P's dequantized NVFP4 values, in place (each an exact FP16 value, times
+// PSCALE); pack_p then builds the PV A fragment from them. c: q_outer * k_outer (1 without outer
 // scales), which the scores are still to be multiplied by; with Q smoothing they carry its
 // score term already (load_bias started their accumulator with it). On return acc is rescaled
 // into this tile's units (ready for its PV), the row state is updated (l with this tile's row
 // sums), and with V-Smooth a_mean is the tile's mean step A fragment.
 template <class T, bool MASK>
-__device__ __forceinline__ void softmax_tile(float (&s)[64], float (&acc)[64], uint32_t (&p)[32],
-                                             RowState& st, uint32_t (&a_mean)[2], float c,
-                                             int n_valid, int q) {
+__device__ __forceinline__ void softmax_tile(float (&s)[64], float (&acc)[64], RowState& st,
+                                             uint32_t (&a_mean)[2], float c, int n_valid, int q) {
   float t[2] = {-INFINITY, -INFINITY};
   const int lim = n_valid - 2 * q;  // key 8cc + 2q + b is past the last iff 8cc + b >= lim
 #pragma unroll
@@ -185,25 +180,35 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], float (&acc)[64], u
       a = max(a, __shfl_xor_sync(0xffffffffu, a, 1));
       amax[h] = __int_as_float(max(a, __shfl_xor_sync(0xffffffffu, a, 2)));
     }
-    const __half2 sc = microscales(amax[0], amax[1]);
-    const float scale[2] = {__low2float(sc), __high2float(sc)};
-    // the dequantizing factors, times PSCALE: exact in FP16, as is each code times them
-    // (tests/test_compiled.py), so one HMUL2 a pair gives what an FP32 product would
-    const __half2 deq = T::PSCALE == 1.f ? sc : __hmul2(sc, __float2half2_rn(T::PSCALE));
+    const float2 sc = microscales(amax[0], amax[1]);
+    const float scale[2] = {sc.x, sc.y};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // a zero microscale: every x of the group is below 6 * 2^-10, its codes 0
       const float inv = scale[h] > 0.f ? rcp(scale[h]) : 0.f;
-      const __half2 d = h == 0 ? __low2half2(deq) : __high2half2(deq);
+      const float deq = scale[h] * T::PSCALE;  // exact: a power-of-two multiple
       const int i0 = 4 * (2 * G) + 2 * h, i1 = 4 * (2 * G + 1) + 2 * h;
-      // P's A fragment for the PV k-step of keys 16G..16G+15 (the mma.m16n8k16 A layout:
-      // rows r, r + 8 x columns 2q + {0,1}, then 8 + 2q + {0,1}): S blocks 2G, then 2G + 1
-      p[4 * G + h] = as_u32(__hmul2(__floats2half2_rn(round_e2m1(s[i0] * inv),
-                                                      round_e2m1(s[i0 + 1] * inv)), d));
-      p[4 * G + 2 + h] = as_u32(__hmul2(__floats2half2_rn(round_e2m1(s[i1] * inv),
-                                                          round_e2m1(s[i1 + 1] * inv)), d));
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        s[i0 + b] = round_e2m1(s[i0 + b] * inv) * deq;
+        s[i1 + b] = round_e2m1(s[i1 + b] * inv) * deq;
+      }
     }
   }
+}
+
+// P's A fragment for the 8 PV k-steps from the dequantized values: p[4G + {0..3}] for keys
+// 16G..16G+15 (the mma.m16n8k16 A layout: rows r, r + 8 x columns 2q + {0,1}, then 8 + 2q +
+// {0,1}), i.e. S blocks 2G (rows r, r + 8), then 2G + 1.
+__device__ __forceinline__ void pack_p(uint32_t (&p)[32], const float (&s)[64]) {
+#pragma unroll
+  for (int G = 0; G < 8; ++G)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i0 = 4 * (2 * G) + 2 * h, i1 = 4 * (2 * G + 1) + 2 * h;
+      p[4 * G + h] = pack_half2(s[i0], s[i0 + 1]);
+      p[4 * G + 2 + h] = pack_half2(s[i1], s[i1 + 1]);
+    }
 }
 
 }  // namespace nvfp4
