@@ -177,6 +177,27 @@ def test_the_score_term_runs_on_tf32_tensor_cores_in_shared_memory(tmp_path):
     assert compiled.metadata.shared <= 227 * 1024
 
 
+@pytest.mark.parametrize("k_input", ["bf16", "fp16"])
+def test_the_16bit_score_term_runs_two_tf32_products_without_spills(k_input, tmp_path):
+    """The uncentered score term for 16-bit K_in (exact in TF32): two TF32 products a key tile
+    (a third fewer wgmmas than the centered form's three), at the shipped tile without a
+    spill."""
+    compiled = compile_for_sm90(
+        nvfp4._score_term_16bit, {"D": 128, "BM": nvfp4.SCORE_BLOCK_M, "BN": nvfp4.SCORE_BLOCK_N,
+                                  "TILES": nvfp4.SCORE_TILES},
+        pointers={"Out": "fp32", "KIn": k_input}, num_warps=nvfp4.SCORE_WARPS,
+        num_stages=nvfp4.SCORE_STAGES)
+    centered = compile_for_sm90(
+        nvfp4._score_term, {"D": 128, "BM": nvfp4.SCORE_BLOCK_M, "BN": nvfp4.SCORE_BLOCK_N,
+                            "TILES": nvfp4.SCORE_TILES},
+        pointers={"Out": "fp32"}, num_warps=nvfp4.SCORE_WARPS, num_stages=nvfp4.SCORE_STAGES)
+    tf32 = [len(re.findall(r"wgmma\.mma_async\S*\.tf32", c.asm["ptx"])) for c in (compiled, centered)]
+    assert 3 * tf32[0] == 2 * tf32[1], tf32
+    used = resources(compiled, tmp_path)
+    assert (used["STACK"], used["LOCAL"], used["LDL/STL"]) == (0, 0, 0), used
+    assert compiled.metadata.shared <= 227 * 1024
+
+
 # The 8-bit Q/K quantizer as the 8-bit methods launch it (operands.prepare_gpu): Q per warp of
 # 16 rows or per 128-row block, K per 128-row block with its mean and the permutation, INT8 or
 # E4M3 codes, the QK Hadamard and the fused RoPE on or off. Its 128-row K tile with the

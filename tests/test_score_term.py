@@ -33,16 +33,17 @@ def within_bound(term, bias_q, centered):
     return (err - (2.0**-20 + d * 2.0**-24) * magnitude).max().item()
 
 
-def direct_inputs(bh, q_blocks, n, d, device, seed=0):
-    """bias_q with a large shared offset and K with a large shared mean (what centering is
-    for), as the fields `score_term` reads."""
+def direct_inputs(bh, q_blocks, n, d, device, seed=0, dtype=None):
+    """bias_q with a large shared offset and K (BF16 unless `dtype`) with a large shared mean
+    (what centering is for), as the fields `score_term` reads."""
     import types
 
     import torch
 
     g = torch.Generator().manual_seed(seed)
     bias_q = (torch.randn(bh, q_blocks, d, generator=g) + 4 * torch.randn(bh, 1, d, generator=g))
-    k = (torch.randn(bh, n, d, generator=g) + 8 * torch.randn(bh, 1, d, generator=g)).bfloat16()
+    k = (torch.randn(bh, n, d, generator=g) + 8 * torch.randn(bh, 1, d, generator=g))
+    k = k.to(dtype or torch.bfloat16)
     k_mean = k.double().mean(1).float()
     ops = types.SimpleNamespace(bias_q=bias_q.to(device), k_input=k.to(device),
                                 k_mean=k_mean.to(device), n=n)
@@ -50,6 +51,14 @@ def direct_inputs(bh, q_blocks, n, d, device, seed=0):
 
 
 def check_direct(device):
+    import torch
+
+    # BF16 and FP16 K (exact in TF32: the uncentered form), FP32 K (the centered one)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        check_direct_one(device, dtype)
+
+
+def check_direct_one(device, dtype):
     import math
 
     import torch
@@ -61,7 +70,7 @@ def check_direct(device):
     # ending inside the padding (keys n .. nk_pad - 1) and past nk_pad
     bh, q_blocks, n, d = 3, bm + 6, keys + 22, 128
     nk_pad = math.ceil(n / 128) * 128
-    ops, centered = direct_inputs(bh, q_blocks, n, d, device)
+    ops, centered = direct_inputs(bh, q_blocks, n, d, device, dtype=dtype)
     term = nvfp4.score_term(ops, nk_pad)
     assert term.shape == (bh, q_blocks, nk_pad) and term.dtype == torch.float32
     assert within_bound(term, ops.bias_q, centered) <= 0

@@ -452,6 +452,35 @@ def _score_term(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_chunks, m_tiles
                  mask=in_m[:, None] & (keys < nk_pad)[None, :])
 
 
+@triton.jit
+def _score_term_16bit(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_chunks, m_tiles,
+                      D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TILES: tl.constexpr):
+    """`_score_term` for 16-bit K_in, uncentered: bias_q . K_in - bias_q . mean_K. K_in is
+    exact in TF32 (BF16's and FP16's significands fit its 11 bits), so two TF32 products of
+    it (by bias_q's TF32 head and tail: ~2^-22 of each term) replace the centered form's three,
+    with no centering or split of K; they accumulate onto -(bias_q . mean_K), an FP32 dot per
+    query block. Its rounding is the uncentered sum's: a few FP32 ulps of |bias_q| . |K_in|,
+    not of |bias_q| . |K_in - mean_K|."""
+    chunk, bh, blocks, in_m = score_program(key_chunks, m_tiles, q_blocks, BM)
+    cols = tl.arange(0, D)
+    means = tl.load(BiasQ + (bh * q_blocks + blocks)[:, None] * D + cols[None, :],
+                    mask=in_m[:, None], other=0.0)
+    m_big, m_small = _tf32_halves(means)
+    k_mean = tl.load(KMean + bh * D + cols)
+    shift = -tl.sum(means * k_mean[None, :], 1)
+    for t in range(TILES):
+        keys = (chunk * TILES + t) * BN + tl.arange(0, BN)
+        k = tl.load(KIn + (bh * n + keys)[:, None] * D + cols[None, :],
+                    mask=(keys < n)[:, None], other=0.0)
+        kt = tl.trans(k.to(tl.float32))
+        term = tl.broadcast_to(shift[:, None], (BM, BN))
+        term = tl.dot(m_small, kt, term, input_precision="tf32")
+        term = tl.dot(m_big, kt, term, input_precision="tf32")
+        term = tl.where((keys < n)[None, :], term, float("-inf"))  # masks the padded keys
+        tl.store(Out + (bh * q_blocks + blocks)[:, None] * nk_pad + keys[None, :], term,
+                 mask=in_m[:, None] & (keys < nk_pad)[None, :])
+
+
 # --- the host side ------------------------------------------------------------------------
 
 OUTER_DIVISOR = 448.0 * 6.0  # E4M3 max x E2M1 max: what a two-level scale divides the amax by
@@ -537,7 +566,8 @@ def score_term(ops: Nvfp4Operands, nk_pad: int) -> torch.Tensor:
     key_chunks = triton.cdiv(nk_pad, SCORE_BLOCK_N * SCORE_TILES)
     m_tiles = triton.cdiv(q_blocks, SCORE_BLOCK_M)
     k_input = ops.k_input.reshape(bh, n, d)  # contiguous HND, in the permuted order
-    _score_term[(bh * m_tiles * key_chunks,)](
+    kernel = _score_term if k_input.dtype == torch.float32 else _score_term_16bit
+    kernel[(bh * m_tiles * key_chunks,)](
         ops.bias_q, k_input, ops.k_mean, out, n, nk_pad, q_blocks, key_chunks, m_tiles, D=d,
         BM=SCORE_BLOCK_M, BN=SCORE_BLOCK_N, TILES=SCORE_TILES, num_warps=SCORE_WARPS,
         num_stages=SCORE_STAGES)
