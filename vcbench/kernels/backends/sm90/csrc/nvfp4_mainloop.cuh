@@ -168,9 +168,7 @@ __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
       softmax_tile<T, false>(s, acc, row, a_mean, c, BN, q);
     else
       softmax_tile<T, true>(s, acc, row, a_mean, c, prm.n - j * BN, q);
-    reg_fence(s);
     pack_p(p, s);
-    reg_fence(p);
     mbar_wait(vb.full(j & 1), (j >> 1) & 1);
     // every register the PV wgmmas read is defined before their fence: otherwise ptxas may
     // schedule a definition inside the wgmma stage and serialize it (C7513)
