@@ -414,14 +414,39 @@ def score_program(key_chunks, m_tiles, q_blocks, BM: tl.constexpr):
 
 
 @triton.jit
-def centered_keys(KIn, k_mean, bh, n, keys, D: tl.constexpr):
-    """Rows `keys` of one (batch, head)'s K_in (contiguous HND) minus K's token mean, in FP32
-    (the emulation's subtraction), (len(keys), D); keys past n zero."""
+def bias_vectors(BiasQ, bh, q_blocks, blocks, in_m, D: tl.constexpr):
+    """The vectors bias_q of query blocks `blocks` of one (batch, head), (len(blocks), D) FP32;
+    zero for the blocks past the head's (not in_m)."""
     cols = tl.arange(0, D)
-    real = keys < n
-    k = tl.load(KIn + (bh * n + keys)[:, None] * D + cols[None, :], mask=real[:, None],
-                other=0.0)
-    return tl.where(real[:, None], k.to(tl.float32) - k_mean[None, :], 0.0)
+    return tl.load(BiasQ + (bh * q_blocks + blocks)[:, None] * D + cols[None, :],
+                   mask=in_m[:, None], other=0.0)
+
+
+@triton.jit
+def key_rows(KIn, bh, n, keys, D: tl.constexpr):
+    """Rows `keys` of one (batch, head)'s K_in (contiguous HND), in its dtype; keys past n
+    zero."""
+    cols = tl.arange(0, D)
+    return tl.load(KIn + (bh * n + keys)[:, None] * D + cols[None, :], mask=(keys < n)[:, None],
+                   other=0.0)
+
+
+@triton.jit
+def centered_keys(KIn, k_mean, bh, n, keys, D: tl.constexpr):
+    """Rows `keys` of one (batch, head)'s K_in minus K's token mean, in FP32 (the emulation's
+    subtraction), (len(keys), D); keys past n zero."""
+    k = key_rows(KIn, bh, n, keys, D)
+    return tl.where((keys < n)[:, None], k.to(tl.float32) - k_mean[None, :], 0.0)
+
+
+@triton.jit
+def store_term(Out, term, bh, q_blocks, blocks, in_m, keys, n, nk_pad):
+    """A (blocks, keys) tile of the score term into Out (B*H, q_blocks, nk_pad): -inf for the
+    padded keys (n .. nk_pad - 1), which masks them in the kernel that reads it; nothing for
+    blocks past the head's or keys past nk_pad."""
+    term = tl.where((keys < n)[None, :], term, float("-inf"))
+    tl.store(Out + (bh * q_blocks + blocks)[:, None] * nk_pad + keys[None, :], term,
+             mask=in_m[:, None] & (keys < nk_pad)[None, :])
 
 
 @triton.jit
@@ -436,20 +461,16 @@ def _score_term(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_chunks, m_tiles
     them (Triton's tf32x3 dot splits both operands again at every tile: 9.1 against 8.8 ms at
     the Wan2.2 shape on the H200, the same tiles)."""
     chunk, bh, blocks, in_m = score_program(key_chunks, m_tiles, q_blocks, BM)
-    cols = tl.arange(0, D)
-    means = tl.load(BiasQ + (bh * q_blocks + blocks)[:, None] * D + cols[None, :],
-                    mask=in_m[:, None], other=0.0)
+    means = bias_vectors(BiasQ, bh, q_blocks, blocks, in_m, D)
     m_big, m_small = _tf32_halves(means)
-    k_mean = tl.load(KMean + bh * D + cols)
+    k_mean = tl.load(KMean + bh * D + tl.arange(0, D))
     for t in range(TILES):
         keys = (chunk * TILES + t) * BN + tl.arange(0, BN)
         k_big, k_small = _tf32_halves(tl.trans(centered_keys(KIn, k_mean, bh, n, keys, D)))
         term = tl.dot(m_small, k_big, input_precision="tf32")
         term = tl.dot(m_big, k_small, term, input_precision="tf32")
         term = tl.dot(m_big, k_big, term, input_precision="tf32")
-        term = tl.where((keys < n)[None, :], term, float("-inf"))  # masks the padded keys
-        tl.store(Out + (bh * q_blocks + blocks)[:, None] * nk_pad + keys[None, :], term,
-                 mask=in_m[:, None] & (keys < nk_pad)[None, :])
+        store_term(Out, term, bh, q_blocks, blocks, in_m, keys, n, nk_pad)
 
 
 @triton.jit
@@ -462,23 +483,17 @@ def _score_term_16bit(BiasQ, KIn, KMean, Out, n, nk_pad, q_blocks, key_chunks, m
     query block. Its rounding is the uncentered sum's: a few FP32 ulps of |bias_q| . |K_in|,
     not of |bias_q| . |K_in - mean_K|."""
     chunk, bh, blocks, in_m = score_program(key_chunks, m_tiles, q_blocks, BM)
-    cols = tl.arange(0, D)
-    means = tl.load(BiasQ + (bh * q_blocks + blocks)[:, None] * D + cols[None, :],
-                    mask=in_m[:, None], other=0.0)
+    means = bias_vectors(BiasQ, bh, q_blocks, blocks, in_m, D)
     m_big, m_small = _tf32_halves(means)
-    k_mean = tl.load(KMean + bh * D + cols)
+    k_mean = tl.load(KMean + bh * D + tl.arange(0, D))
     shift = -tl.sum(means * k_mean[None, :], 1)
     for t in range(TILES):
         keys = (chunk * TILES + t) * BN + tl.arange(0, BN)
-        k = tl.load(KIn + (bh * n + keys)[:, None] * D + cols[None, :],
-                    mask=(keys < n)[:, None], other=0.0)
-        kt = tl.trans(k.to(tl.float32))
+        kt = tl.trans(key_rows(KIn, bh, n, keys, D).to(tl.float32))
         term = tl.broadcast_to(shift[:, None], (BM, BN))
         term = tl.dot(m_small, kt, term, input_precision="tf32")
         term = tl.dot(m_big, kt, term, input_precision="tf32")
-        term = tl.where((keys < n)[None, :], term, float("-inf"))  # masks the padded keys
-        tl.store(Out + (bh * q_blocks + blocks)[:, None] * nk_pad + keys[None, :], term,
-                 mask=in_m[:, None] & (keys < nk_pad)[None, :])
+        store_term(Out, term, bh, q_blocks, blocks, in_m, keys, n, nk_pad)
 
 
 # --- the host side ------------------------------------------------------------------------
@@ -558,8 +573,7 @@ def score_term(ops: Nvfp4Operands, nk_pad: int) -> torch.Tensor:
     block, key): bias_q . (K_in - mean_K), (B*H, N_q_pad / block_m, nk_pad), the per-tile sum
     the Triton attention kernel takes in its loop; -inf past the last key, which masks the
     padded keys of the kernel's last tile (their scores start from it) without a masked
-    softmax of its own. 4 bytes per
-    (query block, key): 7.2 GB at the Wan2.2 shape."""
+    softmax of its own. 4 bytes per (query block, key): 7.2 GB at the Wan2.2 shape."""
     bh, q_blocks, d = ops.bias_q.shape
     n = ops.n
     out = torch.empty(bh, q_blocks, nk_pad, device=ops.bias_q.device, dtype=torch.float32)
