@@ -31,6 +31,11 @@ def number(v):
     return None if v is None or float(v) != float(v) else float(v)
 
 
+def tree_mean(vals, tree):
+    got = [v for t, v in vals.items() if t[0] == tree and v is not None]
+    return sum(got) / len(got) if got else None
+
+
 def table(runs_file):
     runs = json.loads(Path(runs_file).read_text())
     if not runs:
@@ -46,14 +51,11 @@ def table(runs_file):
             if all(v is None for v in vals.values()):
                 continue
 
-            def mean(x):
-                got = [v for t, v in vals.items() if t[0] == x and v is not None]
-                return sum(got) / len(got) if got else None
-
-            a = mean("A")
+            means = {x: tree_mean(vals, x) for x in trees}
+            a = means["A"]
             ratios = ""
             if key not in ("sm_mhz", "power_w") and a:
-                ratios = " ".join(f"{mean(x) / a:.3f}" if mean(x) else "  -  " for x in trees[1:])
+                ratios = " ".join(f"{means[x] / a:.3f}" if means[x] else "  -  " for x in trees[1:])
             cells = " ".join(f"{vals[t]:8.2f}" if vals[t] is not None else f"{'-':>8s}"
                              for t in tags)
             print(f"{m:16s} {label:9s} {cells}   {ratios}")
