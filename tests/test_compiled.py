@@ -461,6 +461,58 @@ def test_mean_steps_are_the_b_operand_the_mean_descriptor_reads():
                 assert steps[bh, t, byte // 2] == want, (k, n)
 
 
+def nvfp4_key_of(c, q, b):  # nvfp4_softmax.cuh's key_of
+    return b + 2 * (c & 7) + 16 * q + 64 * (c >> 3)
+
+
+def test_the_nvfp4_key_order_is_the_preprocessings_and_gives_each_thread_whole_groups():
+    """The NVFP4 kernel reads K's and V's tiles as `key_order="sm90"` writes them: S column n
+    (row n of the K tile) holds the key stored at row n, which is key_of's key for n = 8c + 2q
+    + b; each thread's 32 scores of a row are two whole 16-key microscale groups, blocks c < 8
+    one and c >= 8 the other (what lets the softmax take their amax without a shuffle)."""
+    from vcbench.kernels.backends.triton.nvfp4 import sm90_rows
+
+    rows = sm90_rows(256).numpy()
+    assert sorted(rows) == list(range(256))
+    for tile in (0, 128):
+        for c in range(16):
+            for q in range(4):
+                for b in range(2):
+                    assert rows[tile + nvfp4_key_of(c, q, b)] == tile + 8 * c + 2 * q + b
+    for q in range(4):
+        for u in range(2):
+            keys = sorted(nvfp4_key_of(c, q, b) for c in range(8 * u, 8 * u + 8) for b in range(2))
+            assert keys == list(range(64 * u + 16 * q, 64 * u + 16 * q + 16))
+    src = (compiled.CSRC / "nvfp4_softmax.cuh").read_text()
+    assert "return b + 2 * (c & 7) + 16 * q + 64 * (c >> 3);" in src
+    assert "__shfl" not in src[src.index("The 16-key groups"):src.index("void pack_p")]
+
+
+def test_the_v_tile_as_tma_writes_it_is_the_n_major_operand_the_pv_descriptor_names():
+    """V's 128 x 128 fp16 tile, two halves of 64 channels with rows of 128 bytes under the TMA's
+    128-byte swizzle (16-byte chunk x of row r at chunk x ^ (r % 8)), read by the PV wgmma as the
+    N-major canonical layout ((64, m), (8, k)) : ((1, LBO), (64, SBO)) with the same swizzle on
+    the byte address: for every k-step, row and channel, the descriptor's byte is where the copy
+    put V[16 kk + k][n]. LBO, SBO and the k-step's advance are read from the kernel's source."""
+    mma = (compiled.CSRC / "mma.cuh").read_text()
+    body = mma[mma.index("uint64_t desc_sw128_nmajor("):]
+    body = body[:body.index("}")]
+    sbo = int(re.search(r"static_cast<uint64_t>\((\d+) >> 4\) << 32", body).group(1))
+    assert "chunk & 0x3FFFF) >> 4) << 16" in body and "(1) << 62" in body  # LBO; 128B swizzle
+    loop = (compiled.CSRC / "nvfp4_mainloop.cuh").read_text()
+    assert "desc_sw128_nmajor(s_v, T::HALF)" in loop
+    step = int(re.search(r"dv \+ (\d+) \* kk", loop).group(1)) * 16  # 16-byte units
+    half = 128 * 128  # T::HALF: a half's 128 rows of 128 bytes
+    swizzle = lambda a: a ^ (((a >> 7) & 7) << 4)  # noqa: E731  (Swizzle<3, 4, 3> on bytes)
+    for kk in range(8):
+        for k in range(16):
+            for n in range(128):
+                r, x = 16 * kk + k, (n % 64) * 2
+                copied = (n // 64) * half + r * 128 + (x ^ ((r % 8) << 4))
+                read = kk * step + (n // 64) * half + (k // 8) * sbo + (k % 8) * 128 + x
+                assert swizzle(read) == copied, (kk, k, n)
+
+
 def _kernel_round_e2m1(y):
     """nvfp4_softmax.cuh's round_e2m1 in FP32 numpy: min(y, 6); m = 2^max(e, 0) from y's bits
     (floored at 1.0's, the exponent field kept); then FFMA(m, 1.5 * 2^22, mag) and FFMA(-m,

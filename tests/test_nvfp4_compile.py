@@ -120,14 +120,15 @@ SMOOTH_TILE = dict(ROWS=128, CHUNK=nvfp4.QK_CHUNK)  # Q smoothing: the query til
 STEP = dict(ROWS=nvfp4.QK_CHUNK, CHUNK=nvfp4.QK_CHUNK)
 
 
-def _qk(perm, mean, multiply, smooth, outer, gathered, switches, tile):
+def _qk(perm, mean, multiply, smooth, outer, gathered, switches, tile, sm90_order=False):
     return ("_quantize_qk", dict(HAS_PERM=perm, HAS_MEAN=mean, MULTIPLY=multiply, SMOOTH=smooth,
-                                 OUTER=outer, GATHER_OUT=gathered, **switches, **tile))
+                                 OUTER=outer, GATHER_OUT=gathered, SM90_ORDER=sm90_order,
+                                 **switches, **tile))
 
 
-def _v(perm, demean, outer, row_major, transposed, rows):
-    return ("_quantize_v", dict(HAS_PERM=perm, DEMEAN=demean, OUTER=outer, ROW_MAJOR=row_major,
-                                TRANSPOSED=transposed, ROWS=rows, CHUNK=nvfp4.V_CHUNK))
+def _v(perm, demean, outer, sm90_order, rows):
+    return ("_quantize_v", dict(HAS_PERM=perm, DEMEAN=demean, OUTER=outer, SM90_ORDER=sm90_order,
+                                ROWS=rows, CHUNK=nvfp4.V_CHUNK))
 
 
 ROTATED_ROPE = {**QK_ROTATED, "ROPE": ROPE_BF16}
@@ -143,13 +144,13 @@ PREPROCESSING = {
     "amax-rotated": _qk(False, False, True, False, False, False,
                         {**QK_ROTATED, "AMAX_ONLY": True}, STEP),
     "q-rotated-rope": _qk(False, False, True, True, False, False, ROTATED_ROPE, SMOOTH_TILE),
-    "k-rotated-rope": _qk(True, True, False, False, False, True, ROTATED_ROPE, STEP),
+    "k-rotated-rope": _qk(True, True, False, False, False, True, ROTATED_ROPE, STEP, True),
     "k-rope": _qk(False, True, False, False, False, True, {**QK_PLAIN, "ROPE": ROPE_BF16}, STEP),
     "amax-rope": _qk(False, False, True, False, False, False,
                      {**QK_PLAIN, "AMAX_ONLY": True, "ROPE": ROPE_BF16}, STEP),
-    # V^T alone, as the compiled kernel takes it; V's rows, as the Triton kernel takes them
-    "v-vsmooth-transposed": _v(True, True, False, False, True, 128),
-    "v-outer": _v(False, False, True, True, False, nvfp4.V_CHUNK),
+    # V's rows in the compiled kernel's key order; in the natural one, as the Triton kernel's
+    "v-vsmooth-sm90": _v(True, True, False, True, 128),
+    "v-outer": _v(False, False, True, False, nvfp4.V_CHUNK),
 }
 
 

@@ -5,8 +5,8 @@ from the amax pass), V-Smooth's FP16 block means, Q smoothing's block means, and
 reads (the rotated block means, K's token mean, the gathered 16-bit K rows). Inputs: N not a
 multiple of the tiles, a given permutation, channel and token outliers ("extreme": zero
 blocks, saturating and subnormal microscales), NHD strides; a NaN or an infinity in one
-(batch, head) with the rotation on. And `v_layout`: v_t is v transposed, NaN heads too, and
-"transposed" writes v_t alone.
+(batch, head) with the rotation on. And `key_order="sm90"` (what the compiled kernel reads):
+the same bits, K's and V's rows of each 128-key tile where `sm90_row` puts them.
 
 On a GPU, the compiled kernels against the emulation on CUDA tensors (the comparison of
 benchmarks/checks/nvfp4_prep_time.py). The attention kernel is not run here (tests/test_nvfp4_interpreter.py does): these cases stay
@@ -88,7 +88,7 @@ else:
         of what the bias reads, against their definitions in `Nvfp4Operands`. With `rope`, q
         and k come before RoPE: the emulation applies it first, the quantizers on load."""
         emu = prepare(q, k, v, plan, permutation=perm, rope=rope)
-        ops = nvfp4.prepare(q, k, v, plan, permutation=perm, v_layout="both", rope=rope)
+        ops = nvfp4.prepare(q, k, v, plan, permutation=perm, rope=rope)
         diff = operand_differences(ops, emu)
         b, h, n, d = q.shape
         if plan.smooth_q:
@@ -101,8 +101,6 @@ else:
             diff["K mean"] = differing(ops.k_mean, mean.reshape(b * h, d))
             bias = rotate(emu.q_mean) if plan.hadamard_qk else emu.q_mean
             diff["Q bias means"] = differing(ops.bias_q, bias.reshape(ops.bias_q.shape))
-        assert ops.v_t.shape == (b * h, d, ops.v.shape[1]) and ops.v_t.is_contiguous()
-        diff["V transposed"] = differing(ops.v_t, ops.v.transpose(1, 2))
         return diff, ops, emu
 
     @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -115,7 +113,7 @@ else:
         diff, ops, _ = all_differences(q, k, v, plan, perm)
         wrong = {what: count for what, count in diff.items() if count != 0}
         assert not wrong, f"differing elements (-1: missing): {wrong}"
-        expected = {"Q codes", "K codes", "V codes", "V transposed"}
+        expected = {"Q codes", "K codes", "V codes"}
         if plan.q.granularity.global_scale:
             expected |= {"Q outer scale", "K outer scale", "V outer scale"}
         if plan.smooth_q:
@@ -160,28 +158,39 @@ else:
         assert not wrong, f"differing elements (-1: missing): {wrong}"
         assert {"K mean", "K input"} <= set(diff) and ops.k_input.dtype == torch.float32
 
-    @pytest.mark.parametrize("method,opts", [("vc-4bit", {}), ("sage3-4bit", {"hadamard_qk": True})])
-    def test_the_transposed_layout_writes_v_t_alone_with_the_same_bits(method, opts):
-        """`v_layout="transposed"` (what the compiled kernel reads): no row-major V values,
-        v_t and every other field as `"both"` writes them, V's codes recovered from v_t; a
-        NaN head stays NaN there."""
-        b, h, n, d = 1, 2, 150, 64
+    @pytest.mark.parametrize("method,opts", [("vc-4bit", {}), ("sage3-4bit", {"hadamard_qk": True}),
+                                             ("attnqat-tf", {})])
+    def test_the_kernels_key_order_moves_k_and_v_rows_and_nothing_else(method, opts):
+        """`key_order="sm90"` (what the compiled kernel reads): K's and V's values with each
+        128-key tile's rows where `sm90_row` puts them, a permutation of the natural order's
+        rows within the tile (padding rows too), every other field the same bits; codes and
+        `in_key_order` read the natural order back; a NaN head stays NaN."""
+        b, h, n, d = 1, 2, 300, 64
         q, k, v = inputs(b, h, n, d, "hnd", "extreme bf16", seed=8000)
         v[0, 1, 77, 3] = float("nan")
         plan = plan_of(method, opts)
         perm = permutation(b, h, n, 8000) if plan.vsmooth is not None else None
-        both = nvfp4.prepare(q, k, v, plan, permutation=perm, v_layout="both")
-        alone = nvfp4.prepare(q, k, v, plan, permutation=perm, v_layout="transposed")
-        assert alone.v is None and both.v is not None
-        for field in ("v_t", "v_scale", "q", "k", "q_scale", "k_scale", "v_mean", "v_outer"):
-            mine, theirs = getattr(alone, field), getattr(both, field)
+        natural = nvfp4.prepare(q, k, v, plan, permutation=perm)
+        ordered = nvfp4.prepare(q, k, v, plan, permutation=perm, key_order="sm90")
+        n_pad = natural.k.shape[1]
+        assert n_pad == 384 and ordered.key_order == "sm90" and natural.key_order == "natural"
+        at = nvfp4.sm90_rows(n_pad)
+        for name in ("k", "v"):
+            mine, theirs = getattr(ordered, name), getattr(natural, name)
+            assert mine.shape == theirs.shape
+            assert differing(mine[:, at], theirs) == 0, name  # key r lies at row at[r]
+            assert differing(ordered.in_key_order(name), theirs) == 0, name
+            assert differing(ordered.codes(name), natural.codes(name)) == 0, name
+            assert differing(mine, theirs) > 0, name  # the rows did move
+        for field in ("q", "q_scale", "k_scale", "v_scale", "v_mean", "v_outer", "q_outer",
+                      "k_outer", "bias_q", "k_mean", "k_input"):
+            mine, theirs = getattr(ordered, field), getattr(natural, field)
             assert (mine is None) == (theirs is None), field
             if mine is not None:
                 assert differing(mine, theirs) == 0, field
-        assert differing(alone.codes("v"), both.codes("v")) == 0
-        assert alone.v_t[1].isnan().all() and not alone.v_t[0].isnan().any()
-        with pytest.raises(ValueError, match="v_layout"):
-            nvfp4.prepare(q, k, v, plan, permutation=perm, v_layout="columns")
+        assert ordered.v[1].isnan().all() and not ordered.v[0].isnan().any()
+        with pytest.raises(ValueError, match="key_order"):
+            nvfp4.prepare(q, k, v, plan, permutation=perm, key_order="columns")
 
     @pytest.mark.parametrize("method,opts,operand,bad", [
         ("vc-4bit", {}, "k", float("nan")),
@@ -199,11 +208,11 @@ else:
         wrong = {what: count for what, count in diff.items() if count != 0}
         assert not wrong, f"differing elements (-1: missing): {wrong}"
         poisoned = 1 * h + 0
-        assert ops.v[poisoned].isnan().all() and ops.v_t[poisoned].isnan().all()
+        assert ops.v[poisoned].isnan().all()
         assert ops.v_scale[poisoned].isnan().all()
         clean = torch.ones(b * h, dtype=torch.bool)
         clean[poisoned] = False
-        assert not ops.v[clean].isnan().any() and not ops.v_t[clean].isnan().any()
+        assert not ops.v[clean].isnan().any()
 
     @pytest.mark.parametrize("steps", [(16, 2, 64, 4), (64, 8, 16, 4)])
     def test_the_quantizers_step_sizes_do_not_change_a_bit(steps, monkeypatch):

@@ -1,9 +1,9 @@
 """The compiled sm_90a backends: `compiled.py` builds, loads and runs `csrc/` (one file per
 phase of the kernel). SM90 reads the 8-bit Triton preprocessing's operands, with V-Smooth's
 means blocked as its mean product reads them; SM90_NVFP4 (a fidelity kernel, NVFP4 on FP16
-wgmma) reads the NVFP4 Triton preprocessing's, with V transposed. It runs where a current build exists (`make
-kernels`); where a user prefers it (VCBENCH_KERNEL=sm90) and it cannot run, the selection says
-why in one line."""
+wgmma) reads the NVFP4 Triton preprocessing's, K's and V's tile rows in its key order. It
+runs where a current build exists (`make kernels`); where a user prefers it
+(VCBENCH_KERNEL=sm90) and it cannot run, the selection says why in one line."""
 
 from __future__ import annotations
 
@@ -46,11 +46,11 @@ def supports_nvfp4(plan, shape=None) -> str | None:
 
 
 def prepare_nvfp4(q, k, v, plan, **call):
-    """nvfp4.prepare's operands, with what the compiled kernel reads besides: V transposed
-    (and only that layout of V's values), V-Smooth's mean steps, Q smoothing's score term."""
+    """nvfp4.prepare's operands in the kernel's key order (K's and V's tile rows as its TMA
+    copies them), with what it reads besides: V-Smooth's mean steps, Q smoothing's score term."""
     from vcbench.kernels.backends.triton import nvfp4
 
-    ops = nvfp4.prepare(q, k, v, plan, v_layout="transposed", **call)
+    ops = nvfp4.prepare(q, k, v, plan, key_order="sm90", **call)
     ops.mean_steps = compiled.mean_steps(ops.v_mean) if ops.v_mean is not None else None
     ops.score_bias = nvfp4.score_term(ops, ops.k.shape[1]) if plan.smooth_q else None
     return ops

@@ -16,8 +16,8 @@ every plan: three consumer warpgroups that each run QK, softmax and PV in order,
 warpgroup feeding them by TMA (csrc/, one file per phase; mainloop.cuh is the kernel).
 
 Its NVFP4 instances (NVFP4_INSTANCES: sage3-4bit, vc-4bit with and without V-Smooth,
-attnqat-tf; csrc/nvfp4_*, `run_nvfp4`) run `backends.triton.nvfp4.prepare`'s operands, with V
-transposed, V-Smooth's mean steps and Q smoothing's score term: NVFP4 on FP16 wgmma, a
+attnqat-tf; csrc/nvfp4_*, `run_nvfp4`) run `backends.triton.nvfp4.prepare`'s operands in the
+kernel's key order, V-Smooth's mean steps and Q smoothing's score term: NVFP4 on FP16 wgmma, a
 fidelity kernel like the Triton one it goes ahead of.
 """
 
@@ -311,15 +311,18 @@ def mean_steps(v_mean):
 
 
 def run_nvfp4(ops, plan, out):
-    """NVFP4 attention of `triton.nvfp4.prepare`'s operands (with `v_t`, and `mean_steps` /
-    `score_bias` where the plan has them: `prepare_nvfp4` adds both) into `out` (B, H, N, D)."""
+    """NVFP4 attention of `triton.nvfp4.prepare`'s operands (`key_order="sm90"`, with
+    `mean_steps` / `score_bias` where the plan has them: `prepare_nvfp4` adds both) into `out`
+    (B, H, N, D)."""
     module = load()
     if module is None:
         raise RuntimeError(status())
     reason = nvfp4_unsupported_reason(plan, tuple(out.shape))
     if reason:
         raise RuntimeError(reason)
-    return module.forward_nvfp4(ops.q, ops.k, ops.v_t, ops.q_outer, ops.k_outer, ops.v_outer,
+    if ops.key_order != "sm90":
+        raise RuntimeError("the NVFP4 kernel reads operands prepared with key_order='sm90'")
+    return module.forward_nvfp4(ops.q, ops.k, ops.v, ops.q_outer, ops.k_outer, ops.v_outer,
                                 getattr(ops, "score_bias", None), getattr(ops, "mean_steps", None),
                                 out, ops.n, plan.p.two_level)
 

@@ -8,14 +8,15 @@ scale per (batch, head)), written in the layout `nvfp4_attention.py` reads:
                  significant bits in [2^-10, 2688]: exact in FP16), padding rows zero
     Q, K scales  fp16 (B*H, N_pad, D / 16), the E4M3 microscale's value (E4M3 is a subset
                  of FP16, subnormals included, so the value is exact)
-    V values     fp16 (B*H, N_pad, D), as Q and K (unless `v_layout="transposed"`); V scales
-                 fp16 (B*H, N_pad / 16, D): along the tokens, the contraction axis of P V
+    V values     fp16 (B*H, N_pad, D), as Q and K; V scales fp16 (B*H, N_pad / 16, D): along
+                 the tokens, the contraction axis of P V
     V means      fp16 (B*H, N_pad / block_n, D): V-Smooth's stored block means (unscaled)
     Q means      fp32 (B*H, N_pad / block_m, D): Q smoothing's block means, for the bias
     outer scales fp32 (B*H,): the two-level scale of an operand that has one
-    V^T values   fp16 (B*H, D, N_pad), with `v_layout` "transposed" or "both": V's values,
-                 for a kernel that reads V^T (written by the V quantizer instead of V's or
-                 beside them, no pass of its own)
+
+With `key_order="sm90"` the K and V values (not their scales) come with the rows of each
+128-key tile in the order of the compiled NVFP4 kernel (`sm90_row`), so that its TMA copies
+them as they lie; every other field is as above.
 
 The codes themselves are the values over their microscales, exactly (`Nvfp4Operands.codes`).
 Dequantized here, once a call, rather than in the attention kernel: there every K and V tile
@@ -206,6 +207,30 @@ def _flag_nan(Bad, bh, scale):
     tl.atomic_or(Bad + bh, 1, mask=tl.sum((scale != scale).to(tl.int32)) > 0, sem="relaxed")
 
 
+# The compiled NVFP4 kernel's order of a 128-key tile's rows (sm90/csrc/nvfp4_softmax.cuh,
+# key_of): key b + 2c + 16q + 64u (b < 2, c < 8, q < 4, u < 2) at row b + 2q + 8c + 64u. Its QK
+# accumulator gives a thread (quad lane q) the columns 8c' + 2q + b of its rows, so with its K
+# rows so ordered a thread holds keys 16q..16q+15 and 64+16q..64+16q+15, two whole microscale
+# groups of P: their amax and microscale without a shuffle. V's rows take the same order, the
+# k index of the PV product.
+SM90_TILE = tl.constexpr(128)
+
+
+@triton.jit
+def sm90_row(r):
+    """The row at which the compiled kernel's layout stores padded key row r (any int tensor)."""
+    k = r % SM90_TILE
+    return r - k + (k & 65) + ((k >> 4) & 3) * 2 + ((k >> 1) & 7) * 8
+
+
+def sm90_rows(n_pad: int, device=None) -> torch.Tensor:
+    """`sm90_row` of keys 0 .. n_pad - 1 (n_pad a multiple of SM90_TILE), int64: the stored row
+    of each key, so x_stored[..., sm90_rows(n), :] is x in key order."""
+    r = torch.arange(n_pad, device=device)
+    k = r % SM90_TILE.value
+    return r - k + (k & 65) + ((k >> 4) & 3) * 2 + ((k >> 1) & 7) * 8
+
+
 @triton.jit
 def _qk_chunk(X, Perm, Mean, Gathered, rows, bh, n, stride_b, stride_h, stride_n, H, multiplier,
               norm, CHUNK: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
@@ -263,7 +288,8 @@ def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAma
                  CHUNK: tl.constexpr, D: tl.constexpr, HAS_PERM: tl.constexpr,
                  HAS_MEAN: tl.constexpr, MULTIPLY: tl.constexpr, SMOOTH: tl.constexpr,
                  OUTER: tl.constexpr, GATHER_OUT: tl.constexpr, HADAMARD: tl.constexpr,
-                 LOG2_D: tl.constexpr, AMAX_ONLY: tl.constexpr, Cos, Sin, ROPE: tl.constexpr):
+                 LOG2_D: tl.constexpr, AMAX_ONLY: tl.constexpr, Cos, Sin, ROPE: tl.constexpr,
+                 SM90_ORDER: tl.constexpr):
     """Q or K, ROWS tokens of one (batch, head), CHUNK at a time (`_qk_chunk`); with SMOOTH
     (Q smoothing, ROWS the query tile) the block's mean first, by a pass over its chunks
     summing in FP64 (the second reads them again, from L2: a (ROWS, D) FP32 tile held whole
@@ -271,7 +297,8 @@ def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAma
     D; values. With AMAX_ONLY the program writes nothing but max |x| of its rows (NaN for a
     non-finite one) to BlockAmax: the first pass of a rotated operand's outer scale, which
     needs the amax of the rotated tensor before any element is quantized. A program that
-    leaves a NaN microscale sets its (batch, head)'s flag in Bad (`_flag_nan`)."""
+    leaves a NaN microscale sets its (batch, head)'s flag in Bad (`_flag_nan`). With SM90_ORDER
+    (K for the compiled kernel) the values' rows go where `sm90_row` puts them."""
     block, bh = program_heads_first(n_pad // ROWS)
     groups = tl.arange(0, D // 16)
     cols = groups[:, None] * 16 + tl.arange(0, 16)[None, :]  # (D / 16, 16)
@@ -305,7 +332,8 @@ def _quantize_qk(X, Perm, Mean, Outer, Values, Scales, QMean, Gathered, BlockAma
         else:
             scale, values = nvfp4_values(x, amax[:, :, None], Outer, bh, OUTER)
             r64 = rows.to(tl.int64)
-            tl.store(Values + bh * n_pad * D + r64[:, None, None] * D + cols[None],
+            at = sm90_row(r64) if SM90_ORDER else r64
+            tl.store(Values + bh * n_pad * D + at[:, None, None] * D + cols[None],
                      values.to(tl.float16))
             tl.store(Scales + bh * n_pad * (D // 16) + r64[:, None] * (D // 16) + groups[None, :],
                      tl.reshape(scale, (CHUNK, D // 16)).to(tl.float16))
@@ -333,10 +361,10 @@ def _v_chunk(X, Perm, tile_row, bh, n, stride_b, stride_h, stride_n, H, CHUNK: t
 
 
 @triton.jit
-def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, ValuesT, Bad, n, n_pad, stride_b,
+def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, Bad, n, n_pad, stride_b,
                 stride_h, stride_n, H, ROWS: tl.constexpr, CHUNK: tl.constexpr, D: tl.constexpr,
                 HAS_PERM: tl.constexpr, DEMEAN: tl.constexpr, OUTER: tl.constexpr,
-                ROW_MAJOR: tl.constexpr, TRANSPOSED: tl.constexpr):
+                SM90_ORDER: tl.constexpr):
     """V, ROWS tokens of one (batch, head), CHUNK at a time (`_v_chunk`): with DEMEAN (ROWS the
     KV tile) V-Smooth's block mean first, by a pass over the chunks summing in FP64 (exact for
     16-bit inputs, so in any order), stored FP16, the residual taken against the stored value
@@ -344,10 +372,8 @@ def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, ValuesT, Bad, n, n_
     Loaded as (16, CHUNK / 16, D): the compiler lays a thread's registers along the first
     axis, so each group's tokens sit in one thread (or two warps) and its microscale is
     computed once per column held, not once per element as a (CHUNK / 16, 16, D) tile would
-    have it. The values go to Values (N_pad, D) with ROW_MAJOR and to ValuesT (D, N_pad) per
-    (batch, head) with TRANSPOSED, for a kernel that reads V^T: there a thread's 16 registers
-    along the first axis are 16 consecutive tokens. NaN microscales flagged in Bad, as the
-    Q/K quantizer's."""
+    have it. The values go to Values (N_pad, D), their rows where `sm90_row` puts them with
+    SM90_ORDER. NaN microscales flagged in Bad, as the Q/K quantizer's."""
     tile = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     cols = tl.arange(0, D)
@@ -369,12 +395,9 @@ def _quantize_v(X, Perm, Outer, Values, Scales, StoredMeans, ValuesT, Bad, n, n_
             x = tl.where((rows < n)[:, :, None], x - stored.to(tl.float32)[None, None, :], 0.0)
         scale, values = nvfp4_values(x, abs_max(x, 0)[None, :, :], Outer, bh, OUTER)
         r64 = rows.to(tl.int64)
-        values = values.to(tl.float16)
-        if ROW_MAJOR:
-            tl.store(Values + bh * n_pad * D + r64[:, :, None] * D + cols[None, None, :], values)
-        if TRANSPOSED:
-            tl.store(ValuesT + bh * D * n_pad + cols.to(tl.int64)[None, None, :] * n_pad
-                     + r64[:, :, None], values)
+        at = sm90_row(r64) if SM90_ORDER else r64
+        tl.store(Values + bh * n_pad * D + at[:, :, None] * D + cols[None, None, :],
+                 values.to(tl.float16))
         scale_rows = ((tile * ROWS + c * CHUNK) // 16 + tl.arange(0, CHUNK // 16)).to(tl.int64)
         tl.store(Scales + bh * (n_pad // 16) * D + scale_rows[:, None] * D + cols[None, :],
                  tl.reshape(scale, (CHUNK // 16, D)).to(tl.float16))
@@ -538,14 +561,16 @@ class Nvfp4Operands:
     k_mean: torch.Tensor | None = None
     k_input: torch.Tensor | None = None
     permutation: torch.Tensor | None = None
-    # V's values transposed, (B*H, D, N_pad) FP16 contiguous, for a kernel that reads V^T
-    # (`prepare(..., v_layout="transposed" or "both")`); v_t[i] == v[i].T, NaN heads included.
-    # With "transposed", v is None: the kernel that reads v_t reads nothing else of V's values.
-    v_t: torch.Tensor | None = None
+    # "natural", or "sm90": k and v with each key tile's rows in `sm90_row`'s order
+    key_order: str = "natural"
 
-    def v_rows(self) -> torch.Tensor:
-        """V's values (B*H, N_pad, D), whichever layout `prepare` wrote."""
-        return self.v if self.v is not None else self.v_t.transpose(1, 2)
+    def in_key_order(self, name: str) -> torch.Tensor:
+        """The values of "q", "k" or "v", (B*H, N_pad, D), rows in key order whichever
+        `key_order` they were written in."""
+        x = getattr(self, name)
+        if self.key_order == "natural" or name == "q":
+            return x
+        return x[:, sm90_rows(x.shape[1], x.device)]
 
     def codes(self, name: str, heads: slice = slice(None)) -> torch.Tensor:
         """The E2M1 codes (values, as the emulation's `Quantized.codes`) of operand "q", "k" or
@@ -554,7 +579,7 @@ class Nvfp4Operands:
         is too); zero where the scale is zero or NaN. A non-finite group's codes are zero in
         the emulation too; a poisoned (batch, head)'s V codes are not recoverable from its NaN
         values (the emulation keeps them, under its NaN scales)."""
-        values = (self.v_rows() if name == "v" else getattr(self, name))[heads].float()
+        values = self.in_key_order(name)[heads].float()
         scale = getattr(self, f"{name}_scale")[heads].float()
         full = scale.repeat_interleave(16, dim=-2 if name == "v" else -1)
         return torch.where(full > 0, values / torch.where(full > 0, full, 1.0), 0.0)
@@ -601,12 +626,12 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 
 def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_scale=None,
-            v_layout="rows", rope=None) -> Nvfp4Operands:
+            key_order="natural", rope=None) -> Nvfp4Operands:
     """HND 16-bit (or FP32) inputs -> the NVFP4 operands of `plan`, bit-equal to
     `reference.engine.prepare` on the same tensors. The plan is one
-    `operands.nvfp4_unsupported_reason` accepts. `v_layout`: V's values as `v` (B*H, N_pad,
-    D), "rows", what the Triton attention kernel reads; as `v_t` (B*H, D, N_pad) only,
-    "transposed", for a kernel that reads V^T (half the V quantizer's writes); or "both". With
+    `operands.nvfp4_unsupported_reason` accepts. `key_order`: "natural", what the Triton
+    attention kernel reads, or "sm90", K's and V's values with each 128-key tile's rows in the
+    compiled NVFP4 kernel's order (`sm90_row`; the plan's block_n must be 128). With
     `rope` (spec.rope.Rope, FP32 tables), q and k come before RoPE, and the Q and K quantizers,
     K's token mean and the score term's K rows take them rotated on load, bit-equal to
     rotating first (16-bit inputs: RoPE rounds to the input's dtype)."""
@@ -614,10 +639,13 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     from vcbench.kernels.reference.engine import softmax_scale_log2
     from vcbench.kernels.spec.rotation import rotate
 
-    if v_layout not in ("rows", "transposed", "both"):
-        raise ValueError(f"v_layout is 'rows', 'transposed' or 'both', got {v_layout!r}")
     b, h, n, d = q.shape
     bm, bn = plan.block_m, plan.block_n
+    if key_order not in ("natural", "sm90"):
+        raise ValueError(f"key_order is 'natural' or 'sm90', got {key_order!r}")
+    sm90_order = key_order == "sm90"
+    if sm90_order and bn % SM90_TILE.value:
+        raise ValueError(f"key_order='sm90' orders tiles of {SM90_TILE.value} keys: block_n {bn}")
     nq_pad, nk_pad = triton.cdiv(n, bm) * bm, triton.cdiv(n, bn) * bn
     dev = q.device
     scale_log2 = torch.tensor(softmax_scale_log2(d, sm_scale), dtype=torch.float32).item()
@@ -631,7 +659,7 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
     cos, sin, rope_switch = rope_args(rope, q)
 
     def launch_qk(x, n_pad, *, multiplier=None, mean=None, gather=None, smooth=False,
-                  outer=None, gathered=None, block_amax=None):
+                  outer=None, gathered=None, block_amax=None, sm90=False):
         values = scales = q_mean = None
         if block_amax is None:
             values = torch.empty(b * h, n_pad, d, device=dev, dtype=torch.float16)
@@ -653,7 +681,7 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
             MULTIPLY=multiplier is not None, SMOOTH=smooth, OUTER=outer is not None,
             GATHER_OUT=gathered is not None, HADAMARD=rotated, LOG2_D=d.bit_length() - 1,
             AMAX_ONLY=block_amax is not None, Cos=cos, Sin=sin, ROPE=rope_switch,
-            num_warps=QK_WARPS, enable_fp_fusion=False)
+            SM90_ORDER=sm90, num_warps=QK_WARPS, enable_fp_fusion=False)
         return values, scales, q_mean
 
     def outer_of(x, quantizer, n_pad=None, multiplier=None, **qk):
@@ -696,28 +724,23 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
             b, h, n, d, device=dev, dtype=k.dtype)
     k_out = outer_of(k, plan.k, nk_pad, mean=mean_in)
     kv, ks, _ = launch_qk(k, nk_pad, mean=mean_in, gather=perm, outer=k_out,
-                          gathered=k_input if k_input is not None and k_input is not k else None)
+                          gathered=k_input if k_input is not None and k_input is not k else None,
+                          sm90=sm90_order)
     if plan.smooth_q and k_mean is None:
         k_mean = torch.zeros(b * h, d, device=dev)
 
     v_out = outer_of(v, plan.v)
-    vv = v_t = None
-    if v_layout in ("rows", "both"):
-        vv = torch.empty(b * h, nk_pad, d, device=dev, dtype=torch.float16)
-    if v_layout in ("transposed", "both"):
-        v_t = torch.empty(b * h, d, nk_pad, device=dev, dtype=torch.float16)
+    vv = torch.empty(b * h, nk_pad, d, device=dev, dtype=torch.float16)
     vs = torch.empty(b * h, nk_pad // 16, d, device=dev, dtype=torch.float16)
     demean = plan.vsmooth is not None
     v_mean = torch.empty(b * h, nk_pad // bn, d, device=dev, dtype=torch.float16) if demean else None
     v_rows = bn if demean else V_CHUNK  # a program's tokens: the KV tile for its block mean
     _quantize_v[(nk_pad // v_rows, b * h)](
-        v, perm if perm is not None else vs, v_out if v_out is not None else vs,
-        vv if vv is not None else vs, vs,
-        v_mean if v_mean is not None else vs, v_t if v_t is not None else vs, bad, n, nk_pad,
+        v, perm if perm is not None else vs, v_out if v_out is not None else vs, vv, vs,
+        v_mean if v_mean is not None else vs, bad, n, nk_pad,
         v.stride(0), v.stride(1), v.stride(2), h, ROWS=v_rows, CHUNK=V_CHUNK, D=d,
         HAS_PERM=perm is not None, DEMEAN=demean, OUTER=v_out is not None,
-        ROW_MAJOR=vv is not None, TRANSPOSED=v_t is not None, num_warps=V_WARPS,
-        enable_fp_fusion=False)
+        SM90_ORDER=sm90_order, num_warps=V_WARPS, enable_fp_fusion=False)
 
     # as engine.prepare: a (batch, head) with a NaN scale has NaN V scales (the microscales
     # of the PV product's operand, and the epilogue's outer scale where there is one), and so
@@ -729,9 +752,8 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
         if outer is not None:
             bad |= ~torch.isfinite(outer)
     poison = torch.where(bad, float("nan"), torch.zeros(b * h, device=dev))
-    for x in (vv, vs, v_t):
-        if x is not None:
-            _fill_nan[(b * h,)](x, poison, x[0].numel(), BLOCK=1024)
+    for x in (vv, vs):
+        _fill_nan[(b * h,)](x, poison, x[0].numel(), BLOCK=1024)
     if v_out is not None:
         v_out = v_out + poison
 
@@ -742,4 +764,4 @@ def prepare(q, k, v, plan, *, permutation=None, grid=None, centroids=None, sm_sc
         q=qv, q_scale=qs, k=kv, k_scale=ks, v=vv, v_scale=vs, n=n, block_m=bm, block_n=bn,
         q_outer=q_out, k_outer=k_out, v_outer=v_out, v_mean=v_mean, q_mean=q_mean,
         bias_q=None if bias_q is None else bias_q.contiguous(), k_mean=k_mean,
-        k_input=k_input, permutation=permutation, v_t=v_t)
+        k_input=k_input, permutation=permutation, key_order=key_order)

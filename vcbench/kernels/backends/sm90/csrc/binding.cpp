@@ -90,14 +90,14 @@ torch::Tensor forward(torch::Tensor q, torch::Tensor q_scale, torch::Tensor k,
   return out;
 }
 
-// out = NVFP4 attention of nvfp4.prepare's operands (V transposed); returns out.
-torch::Tensor forward_nvfp4(torch::Tensor q, torch::Tensor k, torch::Tensor v_t,
+// out = NVFP4 attention of nvfp4.prepare's operands (key_order "sm90"); returns out.
+torch::Tensor forward_nvfp4(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                             c10::optional<torch::Tensor> q_outer,
                             c10::optional<torch::Tensor> k_outer,
                             c10::optional<torch::Tensor> v_outer, c10::optional<torch::Tensor> bias,
                             c10::optional<torch::Tensor> mean, torch::Tensor out, int64_t n,
                             bool two_level) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v_t.dim() == 3, "q, k, v_t must be (B*H, rows, cols)");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be (B*H, rows, cols)");
   TORCH_CHECK(out.dim() == 4, "out must be (B, H, n, D)");
   const int64_t b = out.size(0), h = out.size(1), bh = q.size(0), nq_pad = q.size(1),
                 nk_pad = k.size(1), d = q.size(2);
@@ -105,7 +105,7 @@ torch::Tensor forward_nvfp4(torch::Tensor q, torch::Tensor k, torch::Tensor v_t,
   TORCH_CHECK(bh == b * h, "q holds ", bh, " (batch, head)s, out ", b * h);
   check(q, "q", at::kHalf, {bh, nq_pad, d});
   check(k, "k", at::kHalf, {bh, nk_pad, d});
-  check(v_t, "v_t", at::kHalf, {bh, d, nk_pad});
+  check(v, "v", at::kHalf, {bh, nk_pad, d});
   for (const auto* o : {&q_outer, &k_outer, &v_outer})
     if (o->has_value()) check(**o, "outer scale", at::kFloat, {bh});
   if (bias.has_value()) check(*bias, "bias", at::kFloat, {bh, (nq_pad + 127) / 128, nk_pad});
@@ -117,7 +117,7 @@ torch::Tensor forward_nvfp4(torch::Tensor q, torch::Tensor k, torch::Tensor v_t,
   TORCH_CHECK(out.stride(3) == 1 && out.stride(0) % 2 == 0 && out.stride(1) % 2 == 0 &&
                   out.stride(2) % 2 == 0,
               "out needs a unit last stride and even other strides");
-  TORCH_CHECK(q.device() == out.device() && k.device() == out.device() && v_t.device() == out.device(),
+  TORCH_CHECK(q.device() == out.device() && k.device() == out.device() && v.device() == out.device(),
               "all tensors on one device");
 
   const c10::cuda::CUDAGuard guard(q.device());
@@ -127,7 +127,7 @@ torch::Tensor forward_nvfp4(torch::Tensor q, torch::Tensor k, torch::Tensor v_t,
   vc::Nvfp4Args a{};
   a.q = q.data_ptr();
   a.k = k.data_ptr();
-  a.v_t = v_t.data_ptr();
+  a.v = v.data_ptr();
   a.q_outer = ptr(q_outer);
   a.k_outer = ptr(k_outer);
   a.v_outer = ptr(v_outer);
@@ -162,7 +162,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("expcast"), py::arg("expcast_bias"), py::arg("log2_p_scale"),
         py::arg("v_per_tile"));
   m.def("forward_nvfp4", &forward_nvfp4, "NVFP4 attention of prepared operands (forward.cuh)",
-        py::arg("q"), py::arg("k"), py::arg("v_t"), py::arg("q_outer"), py::arg("k_outer"),
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("q_outer"), py::arg("k_outer"),
         py::arg("v_outer"), py::arg("bias"), py::arg("mean"), py::arg("out"), py::arg("n"),
         py::arg("two_level"));
   m.def("describe", &describe, "registers and shared memory of each compiled instance");

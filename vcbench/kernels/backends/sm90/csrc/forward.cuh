@@ -48,10 +48,11 @@ constexpr int MEAN_BATCH = 16;
 const char* forward(const ForwardArgs& args);
 
 // The NVFP4 instances' operands, as backends.triton.nvfp4.prepare writes them (Nvfp4Operands,
-// with V transposed), all contiguous, head dim 128:
+// key_order "sm90": each 128-key tile's K and V rows in nvfp4::key_of's order), all
+// contiguous, head dim 128:
 //   q        fp16 (B*H, nq_pad, 128)   dequantized NVFP4 values, softmax scale * log2(e) in
 //   k        fp16 (B*H, nk_pad, 128)   nk_pad a multiple of 128
-//   v_t      fp16 (B*H, 128, nk_pad)   V's dequantized values, transposed
+//   v        fp16 (B*H, nk_pad, 128)   V's dequantized values
 //   q_outer, k_outer, v_outer  fp32 (B*H,)  the two-level operand scales, or null
 //   bias     fp32 (B*H, nq_pad / 128, nk_pad)  Q smoothing's score term, or null
 //   mean     fp16 (B*H, nk_pad / 128, 2048)   V-Smooth's mean steps (compiled.mean_steps)
@@ -59,7 +60,7 @@ const char* forward(const ForwardArgs& args);
 struct Nvfp4Args {
   const void* q;
   const void* k;
-  const void* v_t;
+  const void* v;
   const float* q_outer;
   const float* k_outer;
   const float* v_outer;

@@ -118,6 +118,27 @@ __device__ __forceinline__ void wgmma_f16_rs_n{n}(float (&d)[NACC], const uint32
 """
 
 
+def f16_rs_nmajor(n):
+    """NVFP4's P V product: P's dequantized values from registers times V (fp16) read N-major
+    (imm-trans-b 1: V's rows are the k index, keys, as they lie in shared memory), accumulating
+    into the running accumulator."""
+    nacc = n // 2
+    outs = accumulators(nacc, "+f")
+    return f"""
+// D(f32, 64x{n}) += A(f16, 64x16, registers: 4 x 2 halves per thread) * B(f16, 16x{n}, shared
+// memory, N-major: rows of k). Always accumulates.
+__device__ __forceinline__ void wgmma_f16_rs_n{n}_nmajor(float (&d)[{nacc}], const uint32_t (&a)[4],
+                                                       uint64_t desc_b) {{
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs(nacc)}}}, "
+      "{{%{nacc}, %{nacc + 1}, %{nacc + 2}, %{nacc + 3}}}, %{nacc + 4}, p, 1, 1, 1;\\n}}\\n"
+      : {outs}
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}}
+"""
+
+
 def f16_ss(n):
     """The mean product in the loop, with A (the weights) from shared memory too: no weight
     registers live while the tile's PV runs beside it."""
@@ -185,8 +206,8 @@ def text() -> str:
     """wgmma.cuh as it must read."""
     pv = [e4m3_rs(n) + e4m3_rs_first(n) for n in (128, 136)]  # exp2; ExpCast's ones column
     qk = "".join(qk_ss(128, fmt, first) for fmt in QK for first in (True, False))
-    return (HEADER + qk + "".join(pv) + f16_rs(128) + f16_ss(128) + f16_ss_first(128)
-            + f16_rs_first(128) + "\n}  // namespace vc\n")
+    return (HEADER + qk + "".join(pv) + f16_rs(128) + f16_rs_nmajor(128) + f16_ss(128)
+            + f16_ss_first(128) + f16_rs_first(128) + "\n}  // namespace vc\n")
 
 
 def main():

@@ -39,6 +39,17 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
          (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
+// wgmma shared-memory descriptor: N-major (a B operand whose rows are its k index: V's rows of
+// keys for P V), 128-byte swizzle, the canonical layout ((64, m), (8, k)) : ((1, LBO), (64,
+// SBO)) in 16-bit elements: each 128-byte row is 64 consecutive n of one k, the m chunks of
+// 64 n are `chunk` bytes apart (LBO; a 16-bit tile's halves), groups of 8 k rows 1024 (SBO).
+// addr: the k-step's first row, 1024-byte aligned.
+__device__ __forceinline__ uint64_t desc_sw128_nmajor(uint32_t addr, uint32_t chunk) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((chunk & 0x3FFFF) >> 4) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
 // The mean product's operands: A, the weights (64 rows x 16 tiles), and B, the batch's means
 // in the layout of compiled.blocked_means, both K-major 8 x 8 core matrices without swizzle,
 // 128 bytes apart along the tiles (LBO) and 256 along the rows or channels (SBO).

@@ -1,4 +1,4 @@
-// Host side of the NVFP4 instances: the TMA maps of Q, K and V^T (16-bit tiles as two halves of
+// Host side of the NVFP4 instances: the TMA maps of Q, K and V (16-bit tiles as two halves of
 // 128 bytes a row, addressed in bytes), the parameters, and the instance table
 // (nvfp4_instances.cuh, from compiled.NVFP4_INSTANCES) that forward_nvfp4 launches from.
 #include <cuda.h>
@@ -76,8 +76,8 @@ const char* forward_nvfp4(const Nvfp4Args& a) {
   if (a.bias != nullptr && a.q_outer != nullptr)  // the bias starts the QK accumulator, unscaled
     return fail("Q smoothing's score term with outer scales of Q and K%s");
 
-  // Rows of 256 bytes (128 fp16 channels), boxes of 128 bytes x 128 rows: a half of a K or
-  // V^T tile; Q's of 64 rows (a CTA's 192 rows are three).
+  // Rows of 256 bytes (128 fp16 channels), boxes of 128 bytes x 128 rows: a half of a K or V
+  // tile (its rows in key_of's order already); Q's of 64 rows (a CTA's 192 rows are three).
   CUtensorMap maps[3];
   const cuuint32_t box[2] = {128, 128};
   {
@@ -90,13 +90,9 @@ const char* forward_nvfp4(const Nvfp4Args& a) {
   {
     const cuuint64_t dims[2] = {2 * D, static_cast<cuuint64_t>(bh) * a.nk_pad};
     const cuuint64_t strides[1] = {2 * D};
-    if (!make_map(&maps[1], a.k, 2, dims, strides, box)) return fail("tensor map for K failed%s");
-  }
-  {  // V^T: B*H*128 channel rows of nk_pad keys
-    const cuuint64_t dims[2] = {2 * static_cast<cuuint64_t>(a.nk_pad),
-                                static_cast<cuuint64_t>(bh) * D};
-    const cuuint64_t strides[1] = {2 * static_cast<cuuint64_t>(a.nk_pad)};
-    if (!make_map(&maps[2], a.v_t, 2, dims, strides, box)) return fail("tensor map for V failed%s");
+    if (!make_map(&maps[1], a.k, 2, dims, strides, box) ||
+        !make_map(&maps[2], a.v, 2, dims, strides, box))
+      return fail("tensor map for K or V failed%s");
   }
   nvfp4::Params prm;
   prm.q_outer = a.q_outer;

@@ -1,13 +1,15 @@
-// The NVFP4 kernel: a producer warpgroup that loads Q once and the K / V^T tiles (with
+// The NVFP4 kernel: a producer warpgroup that loads Q once and the K / V tiles (with
 // V-Smooth's mean step and Q smoothing's bias rows) into the stage rings by TMA, and three
 // consumer warpgroups that each run QK, the softmax with P's NVFP4 quantization, and PV in
 // order on their 64 query rows, tile after tile, then the epilogue.
 //
-// Every 16-bit tile is two halves of 64 columns, rows of 128 bytes under the 128-byte swizzle
-// that a K-major wgmma operand reads (desc_sw128): k-step kk (16 columns, 32 bytes) of a tile
-// is half kk / 4 at byte (kk % 4) * 32 of its rows, the 8-bit kernel's k-step arithmetic. Q
-// and K are row-major in channels (K-major for S = Q K^T); V comes transposed (channels x
-// keys), K-major for P V. The TMA maps address them in bytes (launch.cu).
+// Every 16-bit tile is two halves of 64 channels, rows of 128 bytes under the 128-byte swizzle.
+// Q and K are K-major operands of S = Q K^T (desc_sw128): k-step kk (16 channels, 32 bytes) is
+// half kk / 4 at byte (kk % 4) * 32 of its rows, the 8-bit kernel's k-step arithmetic. V, rows
+// of keys as K's, is the N-major B operand of P V (desc_sw128_nmajor): k-step kk is rows 16kk
+// .. 16kk + 15 of both halves. K's and V's rows come in key_of's order (the preprocessing
+// writes them so), the order of P's columns: a thread's scores then hold whole microscale
+// groups. The TMA maps address them in bytes (nvfp4_launch.cu).
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -64,8 +66,8 @@ __device__ __forceinline__ void produce(const CUtensorMap& tm_q, const CUtensorM
     }
     mbar_wait(vb.empty(st), free);
     mbar_expect_tx(vb.full(st), T::TILE_BYTES + T::MEAN_BYTES);
-    tma_load_2d(stage + T::V_OFF, &tm_v, vb.full(st), j * BN * 2, bh * D);
-    tma_load_2d(stage + T::V_OFF + T::HALF, &tm_v, vb.full(st), j * BN * 2 + 128, bh * D);
+    tma_load_2d(stage + T::V_OFF, &tm_v, vb.full(st), 0, k_row);
+    tma_load_2d(stage + T::V_OFF + T::HALF, &tm_v, vb.full(st), 128, k_row);
     if constexpr (T::VSMOOTH)
       bulk_load(stage + T::MEAN_OFF, prm.mean + (static_cast<size_t>(bh) * n_tiles + j) * 2048,
                 T::MEAN_BYTES, vb.full(st));
@@ -88,22 +90,23 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t s_q, uint32_t 
 }
 
 // Q smoothing's score term for tile j's keys into the QK accumulator before QK_j: every row of
-// the warpgroup's query block takes the same bias row (columns 8cc + 2q + {0, 1} of S at
-// bias[4cc]).
+// the warpgroup's query block takes the same bias row, in key order in shared memory: S
+// columns 8c + 2q + {0, 1} hold keys key_of(c, q, {0, 1}), one 8-byte load a row and block
+// (16-byte loads of two blocks' four keys spilled: their four registers must be consecutive).
 // The tensor core then adds Q K_j^T to it, so the scores come out final, with no add of their
 // own (64 FFMA a tile and thread fewer: the softmax issues every instruction it saves). The
 // term comes only without outer scales of Q and K (c = 1, the units the term is in): the NVFP4
 // preprocessing takes no plan with both, and the launcher refuses them too.
 // Each row's pair is loaded on its own (volatile: not merged into one load), which costs one
 // load a pair where a copy into the second row would cost two moves.
-__device__ __forceinline__ void load_bias(float (&s)[64], uint32_t bias) {
+__device__ __forceinline__ void load_bias(float (&s)[64], uint32_t bias, int q) {
 #pragma unroll
-  for (int cc = 0; cc < 16; ++cc)
+  for (int c = 0; c < 16; ++c)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       asm volatile("ld.volatile.shared.v2.f32 {%0, %1}, [%2];\n"
-                   : "=f"(s[4 * cc + 2 * h]), "=f"(s[4 * cc + 2 * h + 1])
-                   : "r"(bias + 32 * cc));
+                   : "=f"(s[4 * c + 2 * h]), "=f"(s[4 * c + 2 * h + 1])
+                   : "r"(bias + 4 * key_of(c, q, 0)));
 }
 
 // acc += P V_j: 8 k-steps of 16 keys, P from registers; with V-Smooth one more, the tile's row
@@ -112,11 +115,11 @@ template <class T>
 __device__ __forceinline__ void issue_pv(float (&acc)[64], const uint32_t (&p)[32], uint32_t s_v,
                                          [[maybe_unused]] const uint32_t (&a_mean)[2],
                                          [[maybe_unused]] uint32_t s_mean) {
+  const uint64_t dv = desc_sw128_nmajor(s_v, T::HALF);
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-    const uint64_t dv = desc_sw128(s_v + (kk / 4) * T::HALF) + 2 * (kk % 4);
+  for (int kk = 0; kk < 8; ++kk) {  // k-step kk: 16 rows of 128 bytes on, 128 in 16-byte units
     const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-    wgmma_f16_rs_n128(acc, a, dv);
+    wgmma_f16_rs_n128_nmajor(acc, a, dv + 128 * kk);
   }
   if constexpr (T::VSMOOTH) {
     const uint32_t a[4] = {a_mean[0], a_mean[1], a_mean[0], a_mean[1]};  // mean_fragment: why
@@ -152,7 +155,7 @@ __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
     const uint32_t stage = base + T::STAGE_OFF + (j & 1) * T::STAGE_BYTES;
     mbar_wait(kb.full(j & 1), (j >> 1) & 1);
     if constexpr (T::BIAS) {
-      load_bias(s, stage + T::BIAS_OFF + bias_row * BN * 4 + 8 * q);
+      load_bias(s, stage + T::BIAS_OFF + bias_row * BN * 4, q);
       reg_fence(s);  // defined before the fence, as the PV operands are (C7513)
     }
     wgmma_fence();

@@ -73,9 +73,15 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// Key (0..127 of the tile) in S column 8c + 2q + b: the natural order (16-bit operands need no
-// K row permutation, the accumulator's layout is the A fragment's).
-__device__ __forceinline__ int key_of(int c, int q, int b) { return 8 * c + 2 * q + b; }
+// Key (0..127 of the tile) in S column 8c + 2q + b, which is row 8c + 2q + b of the K and V
+// tiles (triton/nvfp4.py sm90_row writes them so): with c = c' + 8u, key b + 2c' + 16q + 64u.
+// A thread (quad lane q) then holds keys 16q..16q+15 (blocks c < 8) and 64+16q..64+16q+15
+// (c >= 8) of its two rows: P's microscale groups of 16 consecutive keys are each one thread's
+// sixteen scores, and their amax needs no shuffle. The accumulator's layout is still the PV A
+// fragment's (P needs no shuffle either); V's rows in the same order keep P V the same sum.
+__device__ __forceinline__ int key_of(int c, int q, int b) {
+  return b + 2 * (c & 7) + 16 * q + 64 * (c >> 3);
+}
 
 // The mean step's A fragment (k = 16, two columns used): column 0 the row sums of P~ in FP16
 // (their head), column 1 what FP16 dropped (their tail), so that the FP32 products with the
@@ -113,7 +119,7 @@ template <class T, bool MASK>
 __device__ __forceinline__ void softmax_tile(float (&s)[64], float (&acc)[64], RowState& st,
                                              uint32_t (&a_mean)[2], float c, int n_valid, int q) {
   float t[2] = {-INFINITY, -INFINITY};
-  const int lim = n_valid - 2 * q;  // key 8cc + 2q + b is past the last iff 8cc + b >= lim
+  const int lim = n_valid - 16 * q;  // key_of(cc, q, b) is past the last iff key_of - 16q >= lim
 #pragma unroll
   for (int cc = 0; cc < 16; ++cc) {
 #pragma unroll
@@ -121,7 +127,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], float (&acc)[64], R
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
         float v = s[4 * cc + 2 * h + b];
-        if (MASK && 8 * cc + b >= lim) v = -INFINITY;
+        if (MASK && key_of(cc, 0, b) >= lim) v = -INFINITY;
         s[4 * cc + 2 * h + b] = v;
         t[h] = fmaxf(t[h], v);
       }
@@ -164,21 +170,21 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], float (&acc)[64], R
     const float xs[2] = {sum[0] * T::PSCALE, sum[1] * T::PSCALE};
     mean_fragment(a_mean, xs, q);
   }
-  // The 16-key groups: group G is S blocks 2G and 2G + 1, four values a thread and row, the
-  // other twelve in the quad's other threads.
+  // The 16-key groups (key_of): the thread's blocks 8u .. 8u + 7 of row h, sixteen values.
 #pragma unroll
-  for (int G = 0; G < 8; ++G) {
+  for (int u = 0; u < 2; ++u) {
     float amax[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int i0 = 4 * (2 * G) + 2 * h, i1 = 4 * (2 * G + 1) + 2 * h;
       // x >= 0, so the largest x has the largest bits as an integer: the amax by the integer
-      // pipe's three-input max (one instruction where two float maxes were), the same value
-      int a = __vimax3_s32(__float_as_int(s[i0]), __float_as_int(s[i0 + 1]),
-                           __float_as_int(s[i1]));
-      a = max(a, __float_as_int(s[i1 + 1]));
-      a = max(a, __shfl_xor_sync(0xffffffffu, a, 1));
-      amax[h] = __int_as_float(max(a, __shfl_xor_sync(0xffffffffu, a, 2)));
+      // pipe's three-input max, a tree of eight, the same value as float maxes
+      int a[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) a[i] = __float_as_int(s[4 * (8 * u + i / 2) + 2 * h + i % 2]);
+      const int m0 = __vimax3_s32(a[0], a[1], a[2]), m1 = __vimax3_s32(a[3], a[4], a[5]),
+                m2 = __vimax3_s32(a[6], a[7], a[8]), m3 = __vimax3_s32(a[9], a[10], a[11]),
+                m4 = __vimax3_s32(a[12], a[13], a[14]);
+      amax[h] = __int_as_float(max(__vimax3_s32(m0, m1, m2), __vimax3_s32(m3, m4, a[15])));
     }
     const float2 sc = microscales(amax[0], amax[1]);
     const float scale[2] = {sc.x, sc.y};
@@ -187,19 +193,20 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], float (&acc)[64], R
       // a zero microscale: every x of the group is below 6 * 2^-10, its codes 0
       const float inv = scale[h] > 0.f ? rcp(scale[h]) : 0.f;
       const float deq = scale[h] * T::PSCALE;  // exact: a power-of-two multiple
-      const int i0 = 4 * (2 * G) + 2 * h, i1 = 4 * (2 * G + 1) + 2 * h;
 #pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        s[i0 + b] = round_e2m1(s[i0 + b] * inv) * deq;
-        s[i1 + b] = round_e2m1(s[i1 + b] * inv) * deq;
-      }
+      for (int c = 8 * u; c < 8 * u + 8; ++c)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const int i = 4 * c + 2 * h + b;
+          s[i] = round_e2m1(s[i] * inv) * deq;
+        }
     }
   }
 }
 
-// P's A fragment for the 8 PV k-steps from the dequantized values: p[4G + {0..3}] for keys
-// 16G..16G+15 (the mma.m16n8k16 A layout: rows r, r + 8 x columns 2q + {0,1}, then 8 + 2q +
-// {0,1}), i.e. S blocks 2G (rows r, r + 8), then 2G + 1.
+// P's A fragment for the 8 PV k-steps from the dequantized values: p[4G + {0..3}] for S
+// columns 16G..16G+15 (the mma.m16n8k16 A layout: rows r, r + 8 x columns 2q + {0,1}, then 8 +
+// 2q + {0,1}), i.e. S blocks 2G (rows r, r + 8), then 2G + 1; V's rows 16G.. hold their keys.
 __device__ __forceinline__ void pack_p(uint32_t (&p)[32], const float (&s)[64]) {
 #pragma unroll
   for (int G = 0; G < 8; ++G)

@@ -37,7 +37,8 @@ constexpr int OUT_FP16 = 0, OUT_BF16 = 1, OUT_FP32 = 2;  // Params::out_kind
 // The tile rule: a CTA holds 192 query rows, three consumer warpgroups of 64 rows that each run
 // QK, the softmax with P's NVFP4 quantization, and PV in order on their tile (each scheduler
 // then has three independent chains), fed by one producer warpgroup through 2-stage rings of
-// 128-key K and V^T tiles (FP16: 32 KB each; a third stage does not fit beside 192 rows of Q).
+// 128-key K and V tiles (FP16: 32 KB each; a third stage does not fit beside 192 rows of Q),
+// their rows in key_of's order (so a thread's scores hold whole microscale groups of P).
 // A consumer thread holds the accumulator (64 registers, the PV wgmma's) and the scores (64,
 // then P's A fragment, 32): 160 a thread, the producer's given to the consumers (setmaxnreg).
 // What makes that fit: one softmax in the loop (Q smoothing's term masks the padded keys, so
@@ -64,10 +65,10 @@ struct Traits {
 
   // Shared memory from a 1024-byte aligned base. Every 16-bit tile is two halves of 64 columns
   // (128 bytes a row, one 128-byte swizzle atom wide): Q (BM rows = queries, 24 KB a half), and
-  // per stage K (128 rows = keys), V^T (128 rows = channels, columns = keys), 16 KB a half, the
+  // per stage K and V (128 rows = keys, in key_of's order), 16 KB a half, the
   // mean step's B operand (16 x 128 f16, K-major without swizzle), and the score term's rows of
   // the two query blocks the CTA's rows meet (a 192-row CTA starts at row 0 or 64 of a block).
-  static constexpr int HALF = 128 * 128;                   // bytes of a K or V^T half
+  static constexpr int HALF = 128 * 128;                   // bytes of a K or V half
   static constexpr int TILE_BYTES = 2 * HALF;              // 32 KB
   static constexpr int Q_HALF = BM * 128;                  // bytes of a Q half
   static constexpr int Q_BYTES = 2 * Q_HALF;
