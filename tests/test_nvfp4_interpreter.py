@@ -73,3 +73,20 @@ def test_a_non_finite_input_poisons_its_head_as_the_emulation(name, results):
     assert not wrong, f"not bit-equal to the emulation (differing elements, -1: missing): {wrong}"
     assert row["others_equal"], "another (batch, head) changed"
     assert row["head_all_nan"] and row["emulation_head_all_nan"]
+
+
+def test_the_triton_kernel_refuses_operands_in_the_compiled_kernels_key_order():
+    """K's and V's rows in the compiled kernel's order would still make an attention output, but
+    P's microscale groups would span other keys than the emulation's: a difference nothing
+    would report, so the Triton kernel refuses them before it launches."""
+    import torch
+
+    from vcbench.kernels import get_method
+    from vcbench.kernels.backends.triton import nvfp4
+    from vcbench.kernels.backends.triton.nvfp4_attention import launch
+
+    x = torch.zeros(2, 128, 64, dtype=torch.float16)
+    ops = nvfp4.Nvfp4Operands(q=x, q_scale=x, k=x, k_scale=x, v=x, v_scale=x, n=100,
+                              block_m=128, block_n=128, key_order="sm90")
+    with pytest.raises(ValueError, match="key_order='natural', got 'sm90'"):
+        launch(ops, get_method("sage3-4bit").plan(), torch.empty(1, 2, 100, 64))

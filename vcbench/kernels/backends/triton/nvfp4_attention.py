@@ -190,6 +190,9 @@ def switches(plan) -> dict:
 
 def launch(ops, plan, out, *, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES):
     """Run the kernel on `nvfp4.prepare`'s operands; out (B, H, N, D), unit last stride."""
+    if ops.key_order != "natural":  # P's microscale groups would span other keys: no error
+        raise ValueError("the Triton NVFP4 kernel reads operands prepared with "
+                         f"key_order='natural', got {ops.key_order!r}")
     b, h, _, d = out.shape
     spare = ops.q  # any pointer, for the arguments a switch leaves unread
     grid = (triton.cdiv(ops.n, ops.block_m), b * h)
