@@ -50,7 +50,6 @@ def table(runs_file):
             vals = {t: number(runs[t].get(m, {}).get(key)) for t in tags}
             if all(v is None for v in vals.values()):
                 continue
-
             means = {x: tree_mean(vals, x) for x in trees}
             a = means["A"]
             ratios = ""
