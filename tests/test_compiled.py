@@ -485,7 +485,8 @@ def test_the_nvfp4_key_order_is_the_preprocessings_and_gives_each_thread_whole_g
             assert keys == list(range(64 * u + 16 * q, 64 * u + 16 * q + 16))
     src = (compiled.CSRC / "nvfp4_softmax.cuh").read_text()
     assert "return b + 2 * (c & 7) + 16 * q + 64 * (c >> 3);" in src
-    assert "__shfl" not in src[src.index("The 16-key groups"):src.index("void pack_p")]
+    groups = src[src.index("The 16-key groups"):]
+    assert "__shfl" not in groups[:groups.index("\n}\n")]
 
 
 def test_the_v_tile_as_tma_writes_it_is_the_n_major_operand_the_pv_descriptor_names():
@@ -553,6 +554,28 @@ def test_the_kernels_e2m1_rounding_is_the_emulations_on_every_tie_and_between():
         y = np.abs(y).astype(np.float32)
         want = round_e2m1(torch.from_numpy(y)).numpy()
         np.testing.assert_array_equal(_kernel_round_e2m1(y), want)
+
+
+def test_every_e2m1_code_times_every_e4m3_microscale_is_an_fp16_value():
+    """The NVFP4 softmax dequantizes P in FP16 (one HMUL2 a pair of E2M1 codes, by the
+    microscale read back as FP16, times PSCALE with V-Smooth): exact only if every product is
+    an FP16 value, as it is in FP32 (what the emulation multiplies in). Every code, every
+    finite E4M3 value, both PSCALEs."""
+    import torch
+
+    from vcbench.kernels.spec.formats import E2M1_GRID
+
+    e4m3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+    e4m3 = e4m3[torch.isfinite(e4m3) & (e4m3 >= 0)].unique()
+    assert len(e4m3) == 127  # zero, 7 subnormals, 119 normals
+    src = (compiled.CSRC / "nvfp4_traits.cuh").read_text()
+    p_shift = float(re.search(r"P_SHIFT = ([0-9.]+)f;", src).group(1))
+    codes = torch.tensor(E2M1_GRID, dtype=torch.float64)
+    for pscale in (1.0, p_shift):
+        factor = e4m3 * pscale
+        assert torch.equal(factor.half().double(), factor)  # the factor itself
+        product = codes[:, None] * factor[None, :]  # exact in FP64 (at most 6 significant bits)
+        assert torch.equal(product.half().double(), product)
 
 
 def test_the_kernels_p_quantization_matches_the_emulation_on_the_same_p():

@@ -168,10 +168,9 @@ __device__ __forceinline__ void consume(const Params& prm, uint32_t base,
     // masks them before the softmax; else the masked softmax for the last tile (a branch
     // without a wgmma in it: a second softmax in the loop costs registers).
     if (T::BIAS || j < last)
-      softmax_tile<T, false>(s, acc, row, a_mean, c, BN, q);
+      softmax_tile<T, false>(s, acc, p, row, a_mean, c, BN, q);
     else
-      softmax_tile<T, true>(s, acc, row, a_mean, c, prm.n - j * BN, q);
-    pack_p(p, s);
+      softmax_tile<T, true>(s, acc, p, row, a_mean, c, prm.n - j * BN, q);
     mbar_wait(vb.full(j & 1), (j >> 1) & 1);
     // every register the PV wgmmas read is defined before their fence: otherwise ptxas may
     // schedule a definition inside the wgmma stage and serialize it (C7513)

@@ -58,14 +58,18 @@ __device__ __forceinline__ float round_e2m1(float y) {
 
 // The E4M3 microscales of two groups from their amax: formats.scale_for (amax times the FP32
 // reciprocal of 6), rounded to E4M3 by the hardware's RNE, saturating conversion (a NaN amax
-// stays NaN), read back exactly.
-__device__ __forceinline__ float2 microscales(float amax0, float amax1) {
+// stays NaN), read back exactly as an FP16 pair (low half amax0's).
+__device__ __forceinline__ __half2 microscales(float amax0, float amax1) {
   uint16_t codes;
   uint32_t halves;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(codes) : "f"(amax1 * (1.f / 6.f)),
       "f"(amax0 * (1.f / 6.f)));
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(halves) : "h"(codes));
-  return __half22float2(*reinterpret_cast<const __half2*>(&halves));
+  return *reinterpret_cast<const __half2*>(&halves);
+}
+
+__device__ __forceinline__ uint32_t as_u32(__half2 h) {
+  return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
@@ -97,6 +101,20 @@ __device__ __forceinline__ void mean_fragment(uint32_t (&a)[2], const float (&xs
   }
 }
 
+// P's A fragment for the 8 PV k-steps from the dequantized values: p[4G + {0..3}] for S
+// columns 16G..16G+15 (the mma.m16n8k16 A layout: rows r, r + 8 x columns 2q + {0,1}, then 8 +
+// 2q + {0,1}), i.e. S blocks 2G (rows r, r + 8), then 2G + 1; V's rows 16G.. hold their keys.
+__device__ __forceinline__ void pack_p(uint32_t (&p)[32], const float (&s)[64]) {
+#pragma unroll
+  for (int G = 0; G < 8; ++G)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i0 = 4 * (2 * G) + 2 * h, i1 = 4 * (2 * G + 1) + 2 * h;
+      p[4 * G + h] = pack_half2(s[i0], s[i0 + 1]);
+      p[4 * G + 2 + h] = pack_half2(s[i1], s[i1 + 1]);
+    }
+}
+
 // The per-row state across tiles: the running max m, the tile unit u (two-level), and the
 // row sum l in acc's units (l' = l / s1: l' = beta l' + rowsum(x), as acc' takes its tile; O =
 // acc' / (PSCALE l'), the s1 cancelling). The emulation keeps l in the running max's units (l =
@@ -108,16 +126,20 @@ struct RowState {
   float l[2] = {0.f, 0.f};
 };
 
-// One S tile (FP32 dot products of the dequantized codes: s[4c + 2h + b] = row r + 8h, column
-// 8c + 2q + b) into P's dequantized NVFP4 values, in place (each an exact FP16 value, times
-// PSCALE); pack_p then builds the PV A fragment from them. c: q_outer * k_outer (1 without outer
-// scales), which the scores are still to be multiplied by; with Q smoothing they carry its
-// score term already (load_bias started their accumulator with it). On return acc is rescaled
-// into this tile's units (ready for its PV), the row state is updated (l with this tile's row
-// sums), and with V-Smooth a_mean is the tile's mean step A fragment.
+// One S tile (FP32 dot products of the dequantized codes: s[4c + 2h + b] = row r + 8h, column 8c +
+// 2q + b) into P's dequantized NVFP4 values as the PV wgmma's A fragment p (each an exact FP16
+// value, times PSCALE; register 2c + h the pair of block c, row h). Without V-Smooth a pair's
+// codes are dequantized by one HMUL2; with it by FP32 products that pack_p packs, the same values:
+// HMUL2 made those instances 1.5-3.3% faster and the V-Smooth one 5.4% slower (docs/perf/log.md).
+// c: q_outer * k_outer (1 without outer scales), which the scores are still to be multiplied by;
+// with Q smoothing they carry its score term already (load_bias started their accumulator with
+// it). On return acc is rescaled into this tile's units (ready for its PV), the row state is
+// updated (l with this tile's row sums), and with V-Smooth a_mean is the tile's mean step A
+// fragment.
 template <class T, bool MASK>
-__device__ __forceinline__ void softmax_tile(float (&s)[64], float (&acc)[64], RowState& st,
-                                             uint32_t (&a_mean)[2], float c, int n_valid, int q) {
+__device__ __forceinline__ void softmax_tile(float (&s)[64], float (&acc)[64], uint32_t (&p)[32],
+                                             RowState& st, uint32_t (&a_mean)[2], float c,
+                                             int n_valid, int q) {
   float t[2] = {-INFINITY, -INFINITY};
   const int lim = n_valid - 16 * q;  // key_of(cc, q, b) is past the last iff key_of - 16q >= lim
 #pragma unroll
@@ -186,36 +208,31 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], float (&acc)[64], R
                 m4 = __vimax3_s32(a[12], a[13], a[14]);
       amax[h] = __int_as_float(max(__vimax3_s32(m0, m1, m2), __vimax3_s32(m3, m4, a[15])));
     }
-    const float2 sc = microscales(amax[0], amax[1]);
-    const float scale[2] = {sc.x, sc.y};
+    const __half2 sc = microscales(amax[0], amax[1]);
+    const float scale[2] = {__low2float(sc), __high2float(sc)};
+    // the dequantizing factors, times PSCALE: exact in FP16, as is each code times them
+    // (tests/test_compiled.py), so one HMUL2 a pair gives what an FP32 product would
+    const __half2 deq = T::PSCALE == 1.f ? sc : __hmul2(sc, __float2half2_rn(T::PSCALE));
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // a zero microscale: every x of the group is below 6 * 2^-10, its codes 0
       const float inv = scale[h] > 0.f ? rcp(scale[h]) : 0.f;
-      const float deq = scale[h] * T::PSCALE;  // exact: a power-of-two multiple
+      const __half2 d = h == 0 ? __low2half2(deq) : __high2half2(deq);
+      const float d32 = scale[h] * T::PSCALE;  // exact: a power-of-two multiple
 #pragma unroll
-      for (int c = 8 * u; c < 8 * u + 8; ++c)
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          const int i = 4 * c + 2 * h + b;
-          s[i] = round_e2m1(s[i] * inv) * deq;
+      for (int c = 8 * u; c < 8 * u + 8; ++c) {
+        const int i = 4 * c + 2 * h;
+        if constexpr (T::VSMOOTH) {  // FP32 products, packed below
+          s[i] = round_e2m1(s[i] * inv) * d32;
+          s[i + 1] = round_e2m1(s[i + 1] * inv) * d32;
+        } else {
+          p[2 * c + h] = as_u32(__hmul2(__floats2half2_rn(round_e2m1(s[i] * inv),
+                                                          round_e2m1(s[i + 1] * inv)), d));
         }
+      }
     }
   }
-}
-
-// P's A fragment for the 8 PV k-steps from the dequantized values: p[4G + {0..3}] for S
-// columns 16G..16G+15 (the mma.m16n8k16 A layout: rows r, r + 8 x columns 2q + {0,1}, then 8 +
-// 2q + {0,1}), i.e. S blocks 2G (rows r, r + 8), then 2G + 1; V's rows 16G.. hold their keys.
-__device__ __forceinline__ void pack_p(uint32_t (&p)[32], const float (&s)[64]) {
-#pragma unroll
-  for (int G = 0; G < 8; ++G)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int i0 = 4 * (2 * G) + 2 * h, i1 = 4 * (2 * G + 1) + 2 * h;
-      p[4 * G + h] = pack_half2(s[i0], s[i0 + 1]);
-      p[4 * G + 2 + h] = pack_half2(s[i1], s[i1 + 1]);
-    }
+  if constexpr (T::VSMOOTH) pack_p(p, s);
 }
 
 }  // namespace nvfp4
