@@ -110,7 +110,9 @@ METHODS_datacenter  := fp8-fa4,sage2-8bit,attnqat-tf,vc-8bit-vsmooth,vc-8bit
 METHODS_workstation := sage3-4bit,attnqat-tf,vc-4bit
 HADAMARD_datacenter  := fp8-fa4
 HADAMARD_workstation := sage3-4bit
-GEN_tiny := $(TINY)
+# --backend auto: the GPU kernels where a GPU takes the method, else the emulation (on a CPU the
+# tiny tables are the emulation's, on a GPU the kernels'), as for the real models.
+GEN_tiny := $(TINY) --backend auto
 GEN_real  = --model $(MODEL_$(MODEL)) --model-path $(MODEL_PATH) --backend auto --seeds $(SEEDS) \
             $(if $(PROMPTS),--prompts $(PROMPTS))
 GEN       = $(if $(filter tiny,$(MODEL)),$(GEN_tiny),$(GEN_real))
