@@ -33,7 +33,7 @@ def test_methods_name_says_which_kernels_run_a_4bit_method_and_what_they_cost(me
     text = vcbench("methods", method)
     line = f"GPU kernel vcbench-sm90 (nvfp4 on fp16 wgmma) [{kernels[0]['cost']}]"
     assert " ".join(line.split()) in " ".join(text.stdout.split())
-    assert "H100" in kernels[0]["cost"] and "H200" in kernels[1]["cost"]  # the card it ran on
+    assert all("H200" in k["cost"] for k in kernels)  # the card it ran on
 
 
 def test_analyze_expcast_json_and_run_folder(tmp_path):

@@ -60,6 +60,5 @@ SM90_NVFP4 = Backend(compiled.NVFP4_IMPLEMENTATION, available, supports_nvfp4,
                      split_prepared(prepare_nvfp4, compiled.run_nvfp4), prepare_nvfp4,
                      compiled.run_nvfp4, label="nvfp4 on fp16 wgmma, compiled sm_90a",
                      aliases=("sm90-nvfp4",), fidelity_only=True, fused_rope=True,
-                     cost="Wan2.2 shape: 1.13-1.25x BF16 FA4's time on an H100 whose FA4 ran "
-                     "at 1575 MHz (2026-12-07); 1.38-1.54x on the H200 before that day's "
-                     "changes (docs/perf.md)")
+                     cost="H200, Wan2.2 shape: 1.30-1.44x BF16 FA4's time (2026-12-07; "
+                     "docs/perf.md)")
