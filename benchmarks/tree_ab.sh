@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Device script: A/B/C... of whole source trees (the Triton preprocessing and the compiled
-# kernel alike) in one call. Each tree's compiled kernel is built into a cache of its own (in
-# parallel); TESTS (pytest paths) run on the second tree; then `vcbench timeit` runs the trees
-# in turn, twice (A B C A B C), each process with its own BF16 row, so drift across the call
-# shows. Every timeit result is merged into $OUT/runs.json as it lands, so a call stopped at
+# Device script: A/B/C... of whole source trees (the Triton preprocessing and the compiled kernel
+# alike) in one call. Each tree's compiled kernel is built into a cache of its own (in parallel);
+# TESTS (pytest paths) run on every tree but the first (the baseline); then `vcbench timeit` runs
+# the trees in turn, twice (A B C A B C), each process with its own BF16 row, so drift across the
+# call shows. Every timeit result is merged into $OUT/runs.json as it lands, so a call stopped at
 # its limit still brings back what ran; the table (benchmarks/tree_ab_table.py: each method's
 # attention and preprocessing ms per run, each tree's mean over A's) comes last.
 # Usage (repo root = the last tree when one is given; A a copy of another commit, e.g.
@@ -34,11 +34,14 @@ for i in "${!trees[@]}"; do
 done
 wait; echo "builds $(( $(date +%s) - t0 )) s"
 if [ -n "$TESTS" ]; then
-  t0=$(date +%s); tree=${trees[1]}
-  (cd "$tree" && VCBENCH_KERNEL_CACHE=$WORK/kB PYTHONPATH=$tree timeout -s KILL 240 \
-     python3 -m pytest -q -p no:cacheprovider $TESTS > "$OUT/testsB.txt" 2>&1)
-  echo "tests B rc $? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/testsB.txt")"
-  grep -E "^FAILED|^ERROR" "$OUT/testsB.txt" | head -n 10
+  for i in "${!trees[@]}"; do
+    [ "$i" = 0 ] && continue
+    X=${names[$i]}; tree=${trees[$i]}; t0=$(date +%s)
+    (cd "$tree" && VCBENCH_KERNEL_CACHE=$WORK/k$X PYTHONPATH=$tree timeout -s KILL 240 \
+       python3 -m pytest -q -p no:cacheprovider $TESTS > "$OUT/tests$X.txt" 2>&1)
+    echo "tests $X rc $? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/tests$X.txt")"
+    grep -E "^FAILED|^ERROR" "$OUT/tests$X.txt" | head -n 10
+  done
 fi
 w=${WINDOW%,*}; s=${WINDOW#*,}
 for r in 1 2; do for i in "${!trees[@]}"; do
