@@ -558,9 +558,10 @@ def test_the_kernels_e2m1_rounding_is_the_emulations_on_every_tie_and_between():
 
 def test_every_e2m1_code_times_every_e4m3_microscale_is_an_fp16_value():
     """The NVFP4 softmax dequantizes P in FP16 (one HMUL2 a pair of E2M1 codes, by the
-    microscale read back as FP16, times PSCALE with V-Smooth): exact only if every product is
-    an FP16 value, as it is in FP32 (what the emulation multiplies in). Every code, every
-    finite E4M3 value, both PSCALEs."""
+    microscale read back as FP16, times PSCALE: 1 in the instances that do so today, P_SHIFT
+    in the V-Smooth one, which multiplies in FP32): exact only if every product is an FP16
+    value, as it is in FP32 (what the emulation multiplies in). Every code, every finite E4M3
+    value, both PSCALEs."""
     import torch
 
     from vcbench.kernels.spec.formats import E2M1_GRID
