@@ -210,24 +210,28 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], float (&acc)[64], u
     }
     const __half2 sc = microscales(amax[0], amax[1]);
     const float scale[2] = {__low2float(sc), __high2float(sc)};
-    // the dequantizing factors, times PSCALE: exact in FP16, as is each code times them
-    // (tests/test_compiled.py), so one HMUL2 a pair gives what an FP32 product would
-    const __half2 deq = T::PSCALE == 1.f ? sc : __hmul2(sc, __float2half2_rn(T::PSCALE));
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // a zero microscale: every x of the group is below 6 * 2^-10, its codes 0
       const float inv = scale[h] > 0.f ? rcp(scale[h]) : 0.f;
-      const __half2 d = h == 0 ? __low2half2(deq) : __high2half2(deq);
-      const float d32 = scale[h] * T::PSCALE;  // exact: a power-of-two multiple
+      if constexpr (T::VSMOOTH) {  // FP32 products, packed below
+        const float deq = scale[h] * T::PSCALE;  // exact: a power-of-two multiple
 #pragma unroll
-      for (int c = 8 * u; c < 8 * u + 8; ++c) {
-        const int i = 4 * c + 2 * h;
-        if constexpr (T::VSMOOTH) {  // FP32 products, packed below
-          s[i] = round_e2m1(s[i] * inv) * d32;
-          s[i + 1] = round_e2m1(s[i + 1] * inv) * d32;
-        } else {
+        for (int c = 8 * u; c < 8 * u + 8; ++c) {
+          const int i = 4 * c + 2 * h;
+          s[i] = round_e2m1(s[i] * inv) * deq;
+          s[i + 1] = round_e2m1(s[i + 1] * inv) * deq;
+        }
+      } else {
+        // PSCALE is 1 here; each code times its microscale is exact in FP16
+        // (tests/test_compiled.py), so one HMUL2 a pair gives what an FP32 product would
+        static_assert(T::PSCALE == 1.f, "P's FP16 products take no PSCALE");
+        const __half2 deq = h == 0 ? __low2half2(sc) : __high2half2(sc);
+#pragma unroll
+        for (int c = 8 * u; c < 8 * u + 8; ++c) {
+          const int i = 4 * c + 2 * h;
           p[2 * c + h] = as_u32(__hmul2(__floats2half2_rn(round_e2m1(s[i] * inv),
-                                                          round_e2m1(s[i + 1] * inv)), d));
+                                                          round_e2m1(s[i + 1] * inv)), deq));
         }
       }
     }
