@@ -2,7 +2,8 @@
 one of the launches (benchmarks/sm90/ncu_profile.sh skips the first). Random normal bf16 inputs
 of a timeit preset, prepared and launched by what `vcbench.kernels.chosen` picks (the backend
 `attention` would run: the 8-bit or the NVFP4 instances of the compiled kernel), as timeit
-launches it.
+launches it. The preprocessing runs once before them; `--launches 0` runs it alone (what
+ncu_profile.sh's NCU_PREP=1 profiles).
 
 Usage: PYTHONPATH=. python3 benchmarks/sm90/ncu_kernel.py --method vc-8bit[/no-vsmooth]
        [--shape longcat-480p] [--launches 2]

@@ -7,7 +7,8 @@
 # benchmarks/sm90/ncu_summary.py's digest, and packs the CSVs into $OUT/ncu-csv.tar.xz.
 # Usage (repo root, PYTHONPATH=.; builds the kernel if needed): bash benchmarks/sm90/ncu_profile.sh [SHAPE]
 # NCU_METHODS="vc-8bit vc-8bit/no-vsmooth" profiles only those plans (default: the four below;
-# an NVFP4 method profiles its NVFP4 instance).
+# an NVFP4 method profiles its NVFP4 instance). NCU_PREP=1 profiles each plan's preprocessing
+# instead: every Triton kernel of its first call (the quantizers, token sums, score term).
 set -u
 OUT=${OUT:-/tmp/out}
 SHAPE=${1:-longcat-480p}
@@ -24,9 +25,14 @@ echo "ncu: $NCU ($($NCU --version | tail -n 1))"
 for m in ${NCU_METHODS:-vc-8bit vc-8bit/no-vsmooth vc-8bit-vsmooth vc-8bit-vsmooth/no-vsmooth}; do
   tag=${m//\//-}
   t0=$(date +%s)
-  timeout -s KILL 150 "$NCU" --clock-control none -k regex:attention_kernel --launch-skip 1 \
-    --launch-count 1 --set full --import-source no -f -o "/tmp/ncu/$tag" \
-    python3 benchmarks/sm90/ncu_kernel.py --method "$m" --shape "$SHAPE" > "/tmp/ncu/$tag.log" 2>&1
+  if [ "${NCU_PREP:-0}" = 1 ]; then  # the call's Triton kernels; no attention launch
+    pick=(-k 'regex:_quantize|_token_sums|_score_term|_fill_nan'); launches=0
+  else
+    pick=(-k regex:attention_kernel --launch-skip 1 --launch-count 1); launches=2
+  fi
+  timeout -s KILL 150 "$NCU" --clock-control none "${pick[@]}" --set full --import-source no \
+    -f -o "/tmp/ncu/$tag" python3 benchmarks/sm90/ncu_kernel.py --method "$m" --shape "$SHAPE" \
+    --launches "$launches" > "/tmp/ncu/$tag.log" 2>&1
   echo "$m: ncu rc=$? in $(( $(date +%s) - t0 )) s; $(grep -E "launches|Error|error" /tmp/ncu/$tag.log | head -n 3)"
   "$NCU" -i "/tmp/ncu/$tag.ncu-rep" --page raw --csv --print-units base > "/tmp/ncu/raw-$tag.csv" 2> "/tmp/ncu/raw-$tag.err" \
     || tail -n 3 "/tmp/ncu/raw-$tag.err"
